@@ -1,0 +1,184 @@
+"""What every document datamodule shares: map-style datasets of documents, reproducible shuffling,
+tokenizer persistence in the checkpoint, and packing into group batches at collate time.
+
+Reproducibility is by construction: the order of an epoch is a function of (seed, epoch) and a
+document's BPE-dropout draw a function of (seed, epoch, index), so a run resumed from a checkpoint
+sees exactly the data the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from zoo.datamodules.sequence import Document, SequenceBuilder, TextSegment
+from zoo.tokenizers.text import TextTokenizer
+from zoo.tokenizers.vocab import UnifiedVocab
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A permutation of `range(n)` drawn from (seed, epoch); Lightning calls `set_epoch` every epoch."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class DocumentDataset(Dataset[Document]):
+    """`n` documents made on demand by `make(index, epoch)`; the epoch follows the sampler's."""
+
+    def __init__(self, n: int, make: Callable[[int, int], Document], sampler: EpochShuffleSampler) -> None:
+        self.n, self.make, self.sampler = n, make, sampler
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Document:
+        if not 0 <= index < self.n:
+            raise IndexError(f"document index {index} out of range 0..{self.n - 1}")
+        return self.make(index, self.sampler.epoch)
+
+
+class DocumentDataModule(L.LightningDataModule):
+    """Base of the text-bearing datamodules: subclasses provide texts and a tokenizer.
+
+    The tokenizer's JSON travels in the checkpoint (`state_dict`), so a resumed or reloaded run decodes
+    with the tokenizer it was trained with.
+    """
+
+    def __init__(
+        self,
+        vocab: UnifiedVocab,
+        seq_len: int,
+        batch_size: int,
+        bpe_dropout: float,
+        truncate: bool,
+        num_workers: int,
+        seed: int,
+        prompts: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.prompts = list(prompts) if prompts is not None else [""] * 8
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0.0 <= bpe_dropout < 1.0:
+            raise ValueError(f"bpe_dropout must lie in [0, 1), got {bpe_dropout}")
+        self.vocab = vocab
+        self.builder = SequenceBuilder(vocab, seq_len, truncate)
+        self.batch_size, self.bpe_dropout = batch_size, bpe_dropout
+        self.num_workers, self.seed = num_workers, seed
+        self.tokenizer: TextTokenizer | None = None
+        self.datasets: dict[str, DocumentDataset] = {}
+
+    # -- what subclasses provide -------------------------------------------------------------------
+    def texts(self, split: str) -> list[str]:
+        raise NotImplementedError
+
+    def make_tokenizer(self) -> TextTokenizer:
+        raise NotImplementedError
+
+    # -- shared machinery ----------------------------------------------------------------------------
+    def encode_document(self, text: str, dropout: float = 0.0, seed: int | None = None) -> Document:
+        assert self.tokenizer is not None
+        ids = self.tokenizer.encode(text, dropout=dropout or None, seed=seed)
+        unified = self.vocab.text_to_unified(ids).tolist()
+        return [TextSegment([self.vocab.bos_id, *unified, self.vocab.eos_id])]
+
+    def decode(self, ids: list[int]) -> str:
+        """Unified ids -> text, dropping special tokens. Ids the model reserves but the tokenizer lacks
+        (`vocab.text_size` may exceed the tokenizer's size) show as U+2047 rather than failing."""
+        assert self.tokenizer is not None
+        pieces, run = [], []
+        for i in ids:
+            if i not in self.vocab.text_range():
+                continue
+            local = i - self.vocab.text_offset
+            if local < self.tokenizer.vocab_size:
+                run.append(local)
+            else:
+                pieces += [self.tokenizer.decode(run), "\u2047"]
+                run = []
+        return "".join([*pieces, self.tokenizer.decode(run)])
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = self.make_tokenizer()
+        if self.tokenizer.vocab_size > self.vocab.text_size:
+            raise ValueError(
+                f"the tokenizer has {self.tokenizer.vocab_size} ids but the unified vocabulary reserves "
+                f"text_size={self.vocab.text_size}: raise vocab.text_size or use a smaller tokenizer"
+            )
+        for split in ("train", "val", "test"):
+            if split in self.datasets:
+                continue
+            texts = self.texts(split)
+            if not texts:
+                continue
+            sampler = EpochShuffleSampler(len(texts), self.seed, shuffle=split == "train")
+            dropout = self.bpe_dropout if split == "train" else 0.0
+
+            def make(index: int, epoch: int, texts: list[str] = texts, dropout: float = dropout) -> Document:
+                seed = (self.seed * 1_000_003 + epoch) * 1_000_033 + index
+                return self.encode_document(texts[index], dropout, seed)
+
+            self.datasets[split] = DocumentDataset(len(texts), make, sampler)
+
+    def _loader(self, split: str) -> DataLoader:
+        if split not in self.datasets:
+            raise RuntimeError(f"no {split} data: call setup() first or give {split} files")
+        dataset = self.datasets[split]
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=dataset.sampler,
+            collate_fn=self.builder.collate,
+            num_workers=self.num_workers,
+            drop_last=split == "train" and len(dataset) >= self.batch_size,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test" if "test" in self.datasets else "val")
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """`<bos>` + the prompt's unified ids (no `<eos>`: the model continues it)."""
+        assert self.tokenizer is not None
+        return [self.vocab.bos_id, *self.vocab.text_to_unified(self.tokenizer.encode(prompt)).tolist()]
+
+    def predict_dataloader(self) -> DataLoader:
+        """The `prompts` (default: eight empty ones, i.e. free generation) as lists of unified ids."""
+        if self.tokenizer is None:
+            self.setup("predict")
+        prompts = [self.prompt_ids(p) for p in self.prompts]
+        return DataLoader(prompts, batch_size=self.batch_size, collate_fn=list)
+
+    def score_text(self, text: str) -> dict[str, float]:
+        """Verifier scores of a generated text; datasets with a verifier override this."""
+        return {}
+
+    def state_dict(self) -> dict[str, str]:
+        return {"tokenizer": self.tokenizer.to_json()} if self.tokenizer is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, str]) -> None:
+        if "tokenizer" in state_dict:
+            self.tokenizer = TextTokenizer.from_json(state_dict["tokenizer"])

@@ -1,0 +1,384 @@
+"""The unified backbone (ERNIE 5.0 section 2): one decoder for every modality, read top to bottom.
+
+Pre-norm blocks with RMSNorm, grouped-query attention through `scaled_dot_product_attention` with
+QK-norm, Uni-RoPE over (t, h, w) positions, and a feed-forward that is a dense SwiGLU in the first
+`n_dense_layers` blocks and an ultra-sparse, modality-agnostic mixture of experts after that.
+
+The attention mask is the group rule of `zoo.batch`: a position sees its own group and all earlier
+groups of its document. Nothing here knows which modality a position holds: embedders put vectors
+in, heads read vectors out.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.batch import GroupBatch, group_attention_mask
+from zoo.models.elastic import ElasticConfig
+from zoo.models.moe import MoEFeedForward, RouterOutput, SwiGLU
+
+
+class UniRoPE(nn.Module):
+    """Rotary embedding over three axes (Qwen2-VL M-RoPE; ERNIE's Uni-RoPE).
+
+    The `head_dim // 2` rotary frequency pairs are split into contiguous (t, h, w) sections; pair j
+    rotates by the position on its section's axis. Text has t = h = w, which makes this exactly the
+    ordinary 1D RoPE, so text behaves as in any LLM.
+    """
+
+    def __init__(self, head_dim: int, theta: float = 10000.0, sections: tuple[int, int, int] | None = None) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+        pairs = head_dim // 2
+        if sections is None:
+            h = pairs // 4
+            sections = (pairs - 2 * h, h, h)
+        if sum(sections) != pairs or len(sections) != 3:
+            raise ValueError(f"rope sections {tuple(sections)} must be three numbers summing to head_dim/2 = {pairs}")
+        self.sections = tuple(sections)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, pairs, dtype=torch.float64) / pairs))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        axis = torch.tensor([i for i, n in enumerate(self.sections) for _ in range(n)])
+        self.register_buffer("axis_of_pair", axis, persistent=False)
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions `[3, B, L]` -> (cos, sin), each `[B, L, head_dim]` in float32."""
+        angles = positions.float()[..., None] * self.inv_freq  # [3, B, L, P]
+        index = self.axis_of_pair.view(1, 1, 1, -1).expand(1, *angles.shape[1:])
+        angles = angles.gather(0, index)[0]  # each pair takes its own axis: [B, L, P]
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x `[B, H, L, Dh]`; cos/sin `[B, L, Dh]`. The rotate-half convention."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """A preallocated key/value cache for every layer, plus the (doc, group) ids the mask needs.
+
+    `length` is how many positions are filled; `truncate` rolls back (speculative decoding).
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.doc_id = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.group_id = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+
+@dataclass
+class AttentionContext:
+    """What every block of one forward pass shares: rotary tables, the mask, the cache window."""
+
+    cos: Tensor
+    sin: Tensor
+    mask: Tensor
+    cache: KVCache | None = None
+    start: int = 0  # where this pass's positions go in the cache
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with QK-norm through `scaled_dot_product_attention`."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: bool, norm_eps: float):
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        # QK-norm keeps attention logits bounded, the usual fix for loss spikes in large MoE runs.
+        self.q_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+
+    def forward(self, x: Tensor, ctx: AttentionContext, layer: int) -> Tensor:
+        b, length, _ = x.shape
+        q = self.q_norm(self.wq(x).view(b, length, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.wk(x).view(b, length, self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.wv(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+        if ctx.cache is not None:
+            end = ctx.start + length
+            ctx.cache.k[layer, :, :, ctx.start : end] = k
+            ctx.cache.v[layer, :, :, ctx.start : end] = v
+            k, v = ctx.cache.k[layer, :, :, :end], ctx.cache.v[layer, :, :, :end]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(out.transpose(1, 2).reshape(b, length, -1))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x)); the FFN is dense or MoE."""
+
+    def __init__(self, attention: Attention, ffn: SwiGLU | MoEFeedForward, dim: int, norm_eps: float) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.attention = attention
+        self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.ffn = ffn
+
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.ffn, MoEFeedForward)
+
+    def forward(
+        self,
+        x: Tensor,
+        ctx: AttentionContext,
+        layer: int,
+        valid: Tensor | None = None,
+        top_k: int | None = None,
+        expert_mask: Tensor | None = None,
+        forced_indices: Tensor | None = None,
+    ) -> tuple[Tensor, RouterOutput | None]:
+        x = x + self.attention(self.attn_norm(x), ctx, layer)
+        h = self.ffn_norm(x)
+        if not self.is_moe:
+            return x + self.ffn(h), None
+        # Only real tokens reach the router: padding must not count as load or pull the balance.
+        tokens = h.reshape(-1, h.shape[-1]) if valid is None else h[valid]
+        moe = self.ffn(tokens, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
+        if valid is None:
+            return x + moe.out.view_as(x), moe.router
+        out = torch.zeros_like(h)
+        out[valid] = moe.out
+        return x + out, moe.router
+
+
+@dataclass
+class BackboneOutput:
+    """hidden: `[B, L, D]` after the final norm. router: per MoE layer that ran, `(layer index, RouterOutput)`.
+    context: the pass's attention context (MTP blocks reuse its mask and rotary tables)."""
+
+    hidden: Tensor
+    router: list[tuple[int, RouterOutput]]
+    context: AttentionContext
+
+    @property
+    def aux_loss(self) -> Tensor:
+        return sum((r.aux_loss for _, r in self.router), self.hidden.new_zeros(()))
+
+    @property
+    def z_loss(self) -> Tensor:
+        return sum((r.z_loss for _, r in self.router), self.hidden.new_zeros(()))
+
+    @property
+    def routing(self) -> dict[int, Tensor]:
+        """The expert choices per MoE layer, `[N_valid, k]`: record these to replay them (RL router replay)."""
+        return {layer: r.indices for layer, r in self.router}
+
+
+class UnifiedTransformer(nn.Module):
+    """The modality-agnostic decoder.
+
+    Args:
+        dim: model width.
+        n_layers: number of blocks.
+        n_heads: query heads.
+        n_kv_heads: key/value heads (grouped-query attention); must divide n_heads.
+        head_dim: per-head width; defaults to dim // n_heads.
+        n_dense_layers: the first blocks use a dense SwiGLU instead of experts (DeepSeek-V3 keeps 3).
+        dense_hidden: hidden width of dense SwiGLU layers; defaults to (n_shared + top_k) * expert_hidden.
+        n_experts: routed experts per MoE layer (fine-grained: many small experts).
+        n_shared_experts: always-on experts per MoE layer (0 for none).
+        expert_hidden: hidden width of one expert.
+        top_k: experts per token.
+        score_func: router scores, "softmax" or "sigmoid" (DeepSeek-V3).
+        balancing: "aux_loss", "aux_free" (bias-based, updated by `ExpertBiasUpdate`) or "none".
+        aux_loss_coef: weight of the load-balancing loss when balancing == "aux_loss".
+        z_loss_coef: weight of the router z-loss (0 disables).
+        route_scale: multiplier of the gate weights (DeepSeek-V3 uses 2.5 with sigmoid scores).
+        rope_theta: rotary base.
+        rope_sections: rotary pairs given to (t, h, w); defaults to half for t, a quarter each for h, w.
+        max_seq_len: the longest sequence (training row or prompt plus generation) accepted.
+        qk_norm: RMSNorm on queries and keys.
+        norm_eps: epsilon of every RMSNorm.
+    """
+
+    def __init__(
+        self,
+        dim: int = 128,
+        n_layers: int = 4,
+        n_heads: int = 4,
+        n_kv_heads: int = 2,
+        head_dim: int | None = None,
+        n_dense_layers: int = 1,
+        dense_hidden: int | None = None,
+        n_experts: int = 16,
+        n_shared_experts: int = 1,
+        expert_hidden: int = 64,
+        top_k: int = 4,
+        score_func: Literal["softmax", "sigmoid"] = "softmax",
+        balancing: Literal["aux_loss", "aux_free", "none"] = "aux_free",
+        aux_loss_coef: float = 1e-3,
+        z_loss_coef: float = 1e-4,
+        route_scale: float = 1.0,
+        rope_theta: float = 10000.0,
+        rope_sections: tuple[int, int, int] | None = None,
+        max_seq_len: int = 1024,
+        qk_norm: bool = True,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        # The constructor arguments, kept so that a sub-model or a hub checkpoint can be rebuilt from JSON.
+        self.spec = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if not 0 <= n_dense_layers <= n_layers:
+            raise ValueError(f"n_dense_layers must lie in 0..n_layers={n_layers}, got {n_dense_layers}")
+        if n_dense_layers < n_layers and not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must lie in 1..n_experts={n_experts}, got {top_k}")
+        head_dim = head_dim or dim // n_heads
+        dense_hidden = dense_hidden or (n_shared_experts + top_k) * expert_hidden
+        self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_layers, n_heads, n_kv_heads, head_dim
+        self.n_dense_layers, self.n_experts, self.top_k = n_dense_layers, n_experts, top_k
+        self.max_seq_len, self.norm_eps, self.qk_norm = max_seq_len, norm_eps, qk_norm
+        self.dense_hidden = dense_hidden
+        self.rope = UniRoPE(head_dim, rope_theta, rope_sections)
+        self.layers = nn.ModuleList()
+        for i in range(n_layers):
+            if i < n_dense_layers:
+                ffn: SwiGLU | MoEFeedForward = SwiGLU(dim, dense_hidden)
+            else:
+                ffn = MoEFeedForward(
+                    dim=dim,
+                    n_experts=n_experts,
+                    expert_hidden=expert_hidden,
+                    top_k=top_k,
+                    n_shared_experts=n_shared_experts,
+                    score_func=score_func,
+                    balancing=balancing,
+                    aux_loss_coef=aux_loss_coef,
+                    z_loss_coef=z_loss_coef,
+                    route_scale=route_scale,
+                )
+            self.layers.append(self.make_block(ffn))
+        self.norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.reset_parameters()
+
+    def make_block(self, ffn: SwiGLU | MoEFeedForward) -> TransformerBlock:
+        """A block with this backbone's attention shape (MTP modules reuse it)."""
+        attention = Attention(self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.qk_norm, self.norm_eps)
+        return TransformerBlock(attention, ffn, self.dim, self.norm_eps)
+
+    def reset_parameters(self) -> None:
+        # GPT-2 / VAR init: N(0, 0.02), residual output projections shrunk by sqrt(2 * depth).
+        out_std = 0.02 / math.sqrt(2 * self.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            is_output = name.endswith(("wo.weight", "w2.weight", ".w2")) or name.split(".")[-1] == "w2"
+            nn.init.normal_(p, std=out_std if is_output else 0.02)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+        max_len = max_len or self.max_seq_len
+        param = next(self.parameters())
+        return KVCache(
+            self.n_layers, batch_size, self.n_kv_heads, max_len, self.head_dim, dtype or param.dtype, param.device
+        )
+
+    def context(self, batch: GroupBatch, cache: KVCache | None = None) -> AttentionContext:
+        """Rotary tables and the group mask for this pass (written into `cache` when given)."""
+        cos, sin = self.rope(batch.positions)
+        if cache is None:
+            if batch.seq_len > self.max_seq_len:
+                raise ValueError(f"sequence of length {batch.seq_len} exceeds max_seq_len={self.max_seq_len}")
+            return AttentionContext(cos, sin, batch.attention_mask())
+        start, end = cache.length, cache.length + batch.seq_len
+        if end > cache.max_len:
+            raise ValueError(f"cache holds {cache.max_len} positions; {start} used + {batch.seq_len} new = {end}")
+        cache.doc_id[:, start:end] = batch.doc_id
+        cache.group_id[:, start:end] = batch.group_id
+        mask = group_attention_mask(
+            batch.doc_id, batch.group_id, cache.doc_id[:, :end], cache.group_id[:, :end], query_offset=start
+        )
+        return AttentionContext(cos, sin, mask, cache, start)
+
+    def forward(
+        self,
+        embeddings: Tensor,
+        batch: GroupBatch,
+        elastic: ElasticConfig | None = None,
+        cache: KVCache | None = None,
+        routing: dict[int, Tensor] | None = None,
+    ) -> BackboneOutput:
+        """Run the (sub-)model on `[B, L, D]` embeddings laid out as `batch` says.
+
+        elastic: run only some layers / experts / a smaller top-k. cache: append to a KV cache.
+        routing: replay recorded expert sets per MoE layer (gate weights still come from the router).
+        """
+        ctx = self.context(batch, cache)
+        valid = batch.valid
+        valid = None if bool(valid.all()) else valid
+        layers = range(self.n_layers) if elastic is None or elastic.layers is None else elastic.layers
+        top_k = None if elastic is None else elastic.top_k
+        expert_mask = None if elastic is None else elastic.expert_mask(self.n_experts, embeddings.device)
+        x, router = embeddings, []
+        for i in layers:
+            forced = None if routing is None else routing.get(i)
+            x, r = self.layers[i](x, ctx, i, valid, top_k, expert_mask, forced)
+            if r is not None:
+                router.append((i, r))
+        if cache is not None:
+            cache.length = ctx.start + batch.seq_len
+        return BackboneOutput(self.norm(x), router, ctx)
+
+    def extract(self, config: ElasticConfig) -> UnifiedTransformer:
+        """A standalone backbone holding only the sub-model `config` selects (layers and experts removed).
+
+        Its outputs equal `self(..., elastic=config)`. Dense layers come first in both, so the kept dense
+        layers stay in front.
+        """
+        layers = list(range(self.n_layers)) if config.layers is None else list(config.layers)
+        if max(layers) >= self.n_layers:
+            raise ValueError(f"layer index {max(layers)} out of range for {self.n_layers} layers")
+        experts = list(range(self.n_experts)) if config.experts is None else list(config.experts)
+        top_k = config.top_k or min(self.top_k, len(experts))
+        small = copy.deepcopy(self)
+        small.layers = nn.ModuleList()
+        for i in layers:
+            block = copy.deepcopy(self.layers[i])
+            if block.is_moe:
+                block.ffn = self.layers[i].ffn.extract(experts, top_k)
+            small.layers.append(block)
+        small.n_layers = len(layers)
+        small.n_dense_layers = sum(1 for i in layers if i < self.n_dense_layers)
+        small.n_experts, small.top_k = len(experts), top_k
+        small.spec = {
+            **self.spec,
+            "n_layers": small.n_layers,
+            "n_dense_layers": small.n_dense_layers,
+            "n_experts": small.n_experts,
+            "top_k": top_k,
+            "dense_hidden": self.dense_hidden,
+        }
+        return small

@@ -1,0 +1,430 @@
+"""Ultra-sparse, modality-agnostic mixture of experts (ERNIE 5.0 report, MoE section; REFERENCES.md 2.8).
+
+The router reads the hidden state and nothing else: there is no modality id, so any specialisation by
+modality has to emerge from the data. Balancing is either a Switch-style auxiliary loss or DeepSeek-V3's
+aux-loss-free bias, which only changes which experts are selected, never the gate weights. Elastic
+training (REFERENCES.md 2.11) is served by a per-call `top_k`, an `expert_mask` that removes experts from
+the softmax, and `extract()`, which builds a smaller standalone layer holding only the kept experts.
+RL router replay forces the recorded expert sets while the gate weights come from the live router.
+
+Dispatch is dropless: token-assignments are sorted by expert, gathered once, multiplied by every expert's
+weights in one grouped matrix product per projection, and gathered back through the inverse permutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ScoreFunc = Literal["softmax", "sigmoid"]
+Balancing = Literal["aux_loss", "aux_free", "none"]
+
+_INIT_STD = 0.02
+_GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class SwiGLU(nn.Module):
+    """Dense SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Dense layers and shared experts use it."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        """
+        Args:
+            dim: model width (input and output size).
+            hidden: inner width of the gated projection.
+        """
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        for linear in (self.w1, self.w3, self.w2):
+            nn.init.normal_(linear.weight, std=_INIT_STD)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+@dataclass
+class RouterOutput:
+    """What the router decided for N tokens (losses already multiplied by their coefficients)."""
+
+    indices: Tensor  # [N, k] long, chosen experts
+    weights: Tensor  # [N, k] gate weights, dtype of x
+    probs: Tensor  # [N, E] float32 scores after softmax/sigmoid, dropped experts 0
+    aux_loss: Tensor  # scalar, coef * E_active * sum_i f_i P_i (0 unless balancing == "aux_loss")
+    z_loss: Tensor  # scalar, coef * mean(logsumexp(logits)^2)
+    load: Tensor  # [E] float32, detached: token-assignments per expert in this call
+
+
+def expert_mask_of(keep_experts: list[int], n_experts: int, device: torch.device | None = None) -> Tensor:
+    """The [n_experts] bool mask that keeps exactly `keep_experts` (the elastic-width mask)."""
+    _check_keep(keep_experts, n_experts)
+    mask = torch.zeros(n_experts, dtype=torch.bool, device=device)
+    mask[torch.tensor(keep_experts, dtype=torch.long, device=device)] = True
+    return mask
+
+
+def _check_keep(keep_experts: list[int], n_experts: int) -> None:
+    if len(keep_experts) == 0:
+        raise ValueError("keep_experts is empty: expected at least one expert index")
+    if len(set(keep_experts)) != len(keep_experts):
+        raise ValueError(f"keep_experts has duplicates: {keep_experts}")
+    bad = [e for e in keep_experts if not 0 <= e < n_experts]
+    if bad:
+        raise ValueError(f"keep_experts {bad} out of range: expected indices in [0, {n_experts})")
+
+
+class Router(nn.Module):
+    """Top-k router over the hidden state alone; softmax or sigmoid scores, aux-loss or bias balancing."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_experts: int,
+        top_k: int,
+        score_func: ScoreFunc = "softmax",
+        balancing: Balancing = "aux_loss",
+        aux_loss_coef: float = 0.01,
+        z_loss_coef: float = 1e-3,
+        route_scale: float = 1.0,
+        renormalize: bool = True,
+    ) -> None:
+        """
+        Args:
+            dim: width of the hidden state (the router's only input).
+            n_experts: number of routed experts E.
+            top_k: experts per token by default; `forward(top_k=...)` overrides it (elastic top-k).
+            score_func: "softmax" (Mixtral/OLMoE) or "sigmoid" (DeepSeek-V3).
+            balancing: "aux_loss" (Switch loss), "aux_free" (DeepSeek-V3 selection bias) or "none".
+            aux_loss_coef: multiplier of the balancing loss.
+            z_loss_coef: multiplier of the router z-loss (ST-MoE; OLMoE uses 1e-3).
+            route_scale: factor on the gate weights (DeepSeek-V3 uses 2.5 with sigmoid).
+            renormalize: softmax only: renormalise the chosen probabilities to sum to 1
+                (sigmoid weights are always normalised over the chosen experts, as in DeepSeek-V3).
+        """
+        super().__init__()
+        if score_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"score_func={score_func!r}: expected 'softmax' or 'sigmoid'")
+        if balancing not in ("aux_loss", "aux_free", "none"):
+            raise ValueError(f"balancing={balancing!r}: expected 'aux_loss', 'aux_free' or 'none'")
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k={top_k}: expected 1 <= top_k <= n_experts={n_experts}")
+        self.dim = dim
+        self.n_experts = n_experts
+        self.top_k = top_k
+        self.score_func = score_func
+        self.balancing = balancing
+        self.aux_loss_coef = aux_loss_coef
+        self.z_loss_coef = z_loss_coef
+        self.route_scale = route_scale
+        self.renormalize = renormalize
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        nn.init.normal_(self.gate.weight, std=_INIT_STD)
+        self.register_buffer("expert_bias", torch.zeros(n_experts))
+        self.register_buffer("tokens_per_expert", torch.zeros(n_experts), persistent=False)
+
+    def forward(
+        self,
+        x: Tensor,
+        top_k: int | None = None,
+        expert_mask: Tensor | None = None,
+        forced_indices: Tensor | None = None,
+    ) -> RouterOutput:
+        """Route x [N, D]. `expert_mask` [E] bool (False = dropped); `forced_indices` [N, k] replays sets."""
+        if x.dim() != 2 or x.shape[-1] != self.dim:
+            raise ValueError(f"router input has shape {tuple(x.shape)}: expected [N, {self.dim}]")
+        n_tokens, n_experts = x.shape[0], self.n_experts
+        n_active = n_experts
+        if expert_mask is not None:
+            if expert_mask.shape != (n_experts,) or expert_mask.dtype != torch.bool:
+                raise ValueError(
+                    f"expert_mask has shape {tuple(expert_mask.shape)} and dtype {expert_mask.dtype}: "
+                    f"expected a [{n_experts}] bool tensor"
+                )
+            n_active = int(expert_mask.sum())
+            if n_active == 0:
+                raise ValueError("expert_mask drops every expert: expected at least one True")
+        k = self.top_k if top_k is None else top_k
+        if forced_indices is not None:
+            k = self._check_forced(forced_indices, n_tokens, top_k, expert_mask)
+        if not 1 <= k <= n_active:
+            raise ValueError(f"top_k={k}: expected 1 <= top_k <= number of kept experts ({n_active})")
+
+        logits = self.gate(x).float()
+        if expert_mask is not None:
+            logits = logits.masked_fill(~expert_mask, float("-inf"))
+        z_loss = self.z_loss_coef * torch.logsumexp(logits, dim=-1).square().mean()
+        if self.score_func == "softmax":
+            probs = logits.softmax(dim=-1)
+        else:
+            probs = torch.sigmoid(logits)  # sigmoid(-inf) = 0 for dropped experts
+
+        if forced_indices is not None:
+            indices = forced_indices
+        else:
+            select = probs + self.expert_bias if self.balancing == "aux_free" else probs
+            if expert_mask is not None:
+                select = select.masked_fill(~expert_mask, float("-inf"))
+            indices = select.topk(k, dim=-1, sorted=False).indices
+        chosen = probs.gather(1, indices)
+        if self.score_func == "sigmoid" or self.renormalize:
+            chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = (chosen * self.route_scale).to(x.dtype)
+
+        load = torch.bincount(indices.reshape(-1), minlength=n_experts).float()
+        if self.training:
+            self.tokens_per_expert += load
+        if self.balancing == "aux_loss":
+            aux_loss = self._aux_loss(probs, load, n_tokens * k, n_active)
+        else:
+            aux_loss = logits.new_zeros(())
+        return RouterOutput(indices, weights, probs, aux_loss, z_loss, load)
+
+    def _aux_loss(self, probs: Tensor, load: Tensor, n_assignments: int, n_active: int) -> Tensor:
+        # f_i sums to 1 over experts (a fraction of assignments, not of tokens), so perfectly uniform
+        # routing gives exactly 1 for any top-k: the factor-K convention question of allenai/OLMoE#45.
+        if self.score_func == "sigmoid":
+            probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
+        fraction = load / max(n_assignments, 1)
+        return self.aux_loss_coef * n_active * (fraction * probs.mean(dim=0)).sum()
+
+    def _check_forced(
+        self, forced: Tensor, n_tokens: int, top_k: int | None, expert_mask: Tensor | None
+    ) -> int:
+        if forced.dim() != 2 or forced.shape[0] != n_tokens or forced.dtype != torch.long:
+            raise ValueError(
+                f"forced_indices has shape {tuple(forced.shape)} and dtype {forced.dtype}: "
+                f"expected [N={n_tokens}, k] long"
+            )
+        k = forced.shape[1]
+        if top_k is not None and top_k != k:
+            raise ValueError(f"top_k={top_k} disagrees with forced_indices, which has k={k} experts a token")
+        if forced.numel() and (int(forced.min()) < 0 or int(forced.max()) >= self.n_experts):
+            raise ValueError(f"forced_indices out of range: expected expert ids in [0, {self.n_experts})")
+        if k > 1 and bool((forced.sort(dim=-1).values.diff(dim=-1) == 0).any()):
+            raise ValueError("forced_indices repeats an expert within a token: expected k distinct experts")
+        if expert_mask is not None and not bool(expert_mask[forced].all()):
+            raise ValueError("forced_indices selects an expert that expert_mask drops")
+        return k
+
+    @torch.no_grad()
+    def update_bias(self, gamma: float) -> Tensor:
+        """DeepSeek-V3 bias step b_i += gamma * sign(mean_load - load_i), re-centred to mean 0.
+
+        Uses the loads accumulated since the last call (summed over ranks when torch.distributed is
+        initialised, as Megatron's get_updated_expert_bias does), then resets them. Returns that load.
+        The mean is subtracted afterwards because only differences between biases change the selection
+        and an unanchored mean drifts (pytorch/torchtitan#1506). No-op unless balancing == "aux_free".
+        """
+        if self.balancing != "aux_free":
+            return self.tokens_per_expert.clone()
+        load = self.tokens_per_expert.clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(load)
+        self.expert_bias += gamma * torch.sign(load.mean() - load)
+        self.expert_bias -= self.expert_bias.mean()
+        self.tokens_per_expert.zero_()
+        return load
+
+
+def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
+    # torch._grouped_mm wants 16-byte aligned rows; its meta kernel (used by torch.compile) is bf16-only.
+    if not hasattr(torch, "_grouped_mm") or x.dtype not in _GROUPED_MM_DTYPES or x.device.type == "meta":
+        return False
+    if (x.shape[-1] * x.element_size()) % 16 or (w.shape[-1] * w.element_size()) % 16:
+        return False
+    return x.dtype == torch.bfloat16 or not torch.compiler.is_compiling()
+
+
+def grouped_matmul(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    """Rows of x [M, K] sorted by group, times w [G, K, N] of their group: [M, N].
+
+    `counts` [G] long rows per group and `offsets` their int32 cumulative sum. Uses torch._grouped_mm
+    when it accepts the inputs, else one batched product over rows padded to the largest group.
+    """
+    if _grouped_mm_ok(x, w):
+        return torch._grouped_mm(x, w, offs=offsets)
+    n_groups = w.shape[0]
+    group = torch.repeat_interleave(torch.arange(n_groups, device=x.device), counts, output_size=x.shape[0])
+    row_in_group = torch.arange(x.shape[0], device=x.device) - (offsets - counts)[group]
+    padded = x.new_zeros(n_groups, int(counts.max()) if x.shape[0] else 0, x.shape[1])
+    padded = padded.index_put((group, row_in_group), x)
+    return torch.bmm(padded, w)[group, row_in_group]
+
+
+class _Dispatch(torch.autograd.Function):
+    """x [N, D] -> rows x[token] in expert order; backward gathers and sums instead of scattering."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, token: Tensor, inverse: Tensor, k: int) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return x.index_select(0, token)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        (inverse,) = ctx.saved_tensors
+        return _combine(grad, inverse, ctx.k), None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """Expert-ordered rows [N*k, D] -> per-token sums [N, D]; the adjoint of _Dispatch."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, token: Tensor, inverse: Tensor, k: int) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(token)
+        return _combine(rows, inverse, k)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        (token,) = ctx.saved_tensors
+        return grad.index_select(0, token), None, None, None
+
+
+def _combine(rows: Tensor, inverse: Tensor, k: int) -> Tensor:
+    gathered = rows.index_select(0, inverse)
+    return gathered if k == 1 else gathered.view(-1, k, rows.shape[-1]).sum(dim=1)
+
+
+class Experts(nn.Module):
+    """E fine-grained SwiGLU experts with stacked weights w1, w3 [E, D, H] and w2 [E, H, D]."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int) -> None:
+        """
+        Args:
+            n_experts: number of experts E.
+            dim: model width D.
+            hidden: inner width H of each expert.
+        """
+        super().__init__()
+        self.n_experts, self.dim, self.hidden = n_experts, dim, hidden
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        for w in (self.w1, self.w3, self.w2):
+            nn.init.normal_(w, std=_INIT_STD)
+
+    def forward(self, x_sorted: Tensor, counts: Tensor, weights: Tensor | None = None) -> Tensor:
+        """x_sorted [M, D] grouped by expert, counts [E] long rows per expert -> [M, D].
+
+        `weights` [M] (optional) scales each row before w2, which equals scaling the output
+        because w2 is linear, and touches H instead of D values per row.
+        """
+        if counts.shape != (self.n_experts,):
+            raise ValueError(f"counts has shape {tuple(counts.shape)}: expected [{self.n_experts}]")
+        offsets = counts.cumsum(0, dtype=torch.int32)
+        # Under autocast x arrives in low precision while the weights stay fp32, as nn.Linear's would.
+        w1, w3, w2 = (w.to(x_sorted.dtype) for w in (self.w1, self.w3, self.w2))
+        gate = grouped_matmul(x_sorted, w1, counts, offsets)
+        h = F.silu(gate) * grouped_matmul(x_sorted, w3, counts, offsets)
+        if weights is not None:
+            h = h * weights.unsqueeze(-1)
+        return grouped_matmul(h, w2, counts, offsets)
+
+
+@dataclass
+class MoEOutput:
+    out: Tensor  # same shape as the input
+    router: RouterOutput
+
+
+class MoEFeedForward(nn.Module):
+    """Routed fine-grained experts plus optional always-on shared experts (DeepSeekMoE layout)."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_experts: int,
+        expert_hidden: int,
+        top_k: int,
+        n_shared_experts: int = 0,
+        score_func: ScoreFunc = "softmax",
+        balancing: Balancing = "aux_loss",
+        aux_loss_coef: float = 0.01,
+        z_loss_coef: float = 1e-3,
+        route_scale: float = 1.0,
+        renormalize: bool = True,
+    ) -> None:
+        """
+        Args:
+            dim: model width D.
+            n_experts: routed experts E.
+            expert_hidden: inner width of one routed expert.
+            top_k: routed experts per token by default.
+            n_shared_experts: shared experts, merged into one SwiGLU of width n_shared * expert_hidden.
+            score_func, balancing, aux_loss_coef, z_loss_coef, route_scale, renormalize: see Router.
+        """
+        super().__init__()
+        if n_shared_experts < 0:
+            raise ValueError(f"n_shared_experts={n_shared_experts}: expected >= 0")
+        self.dim = dim
+        self.expert_hidden = expert_hidden
+        self.n_shared_experts = n_shared_experts
+        self.router = Router(
+            dim, n_experts, top_k, score_func, balancing, aux_loss_coef, z_loss_coef, route_scale, renormalize
+        )
+        self.experts = Experts(n_experts, dim, expert_hidden)
+        self.shared = SwiGLU(dim, n_shared_experts * expert_hidden) if n_shared_experts > 0 else None
+
+    def forward(
+        self,
+        x: Tensor,
+        top_k: int | None = None,
+        expert_mask: Tensor | None = None,
+        forced_indices: Tensor | None = None,
+    ) -> MoEOutput:
+        """x [..., D] -> MoEOutput(out [..., D], router decisions for the flattened tokens)."""
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"MoE input has width {x.shape[-1]}: expected {self.dim}")
+        flat_x = x.reshape(-1, self.dim)
+        routing = self.router(flat_x, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
+        k = routing.indices.shape[1]
+        # Stable sort keeps each expert's tokens in sequence order, so a masked model and its
+        # extract() feed every expert identical row blocks and agree to the last bit.
+        order = routing.indices.reshape(-1).argsort(stable=True)
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        token = order if k == 1 else order.div(k, rounding_mode="floor")
+        rows = _Dispatch.apply(flat_x, token, inverse, k)
+        row_weights = routing.weights.reshape(-1).index_select(0, order)
+        rows = self.experts(rows, routing.load.long(), row_weights)
+        out = _Combine.apply(rows, token, inverse, k)
+        if self.shared is not None:
+            out = out + self.shared(flat_x)
+        return MoEOutput(out.view(x.shape), routing)
+
+    def extract(self, keep_experts: list[int], top_k: int | None = None) -> MoEFeedForward:
+        """A new standalone layer holding only `keep_experts` (copied weights), for elastic width.
+
+        Its output equals self(x, top_k=top_k, expert_mask=expert_mask_of(keep_experts, E)).
+        """
+        router, experts = self.router, self.experts
+        _check_keep(keep_experts, router.n_experts)
+        k = router.top_k if top_k is None else top_k
+        if not 1 <= k <= len(keep_experts):
+            raise ValueError(f"top_k={k}: expected 1 <= top_k <= len(keep_experts)={len(keep_experts)}")
+        small = MoEFeedForward(
+            self.dim,
+            len(keep_experts),
+            self.expert_hidden,
+            k,
+            self.n_shared_experts,
+            router.score_func,
+            router.balancing,
+            router.aux_loss_coef,
+            router.z_loss_coef,
+            router.route_scale,
+            router.renormalize,
+        ).to(device=router.gate.weight.device, dtype=router.gate.weight.dtype)
+        keep = torch.tensor(keep_experts, dtype=torch.long, device=router.gate.weight.device)
+        with torch.no_grad():
+            small.router.gate.weight.copy_(router.gate.weight.index_select(0, keep))
+            small.router.expert_bias.copy_(router.expert_bias.index_select(0, keep))
+            for name in ("w1", "w3", "w2"):
+                getattr(small.experts, name).copy_(getattr(experts, name).index_select(0, keep))
+            if self.shared is not None:
+                small.shared.load_state_dict(self.shared.state_dict())
+        return small

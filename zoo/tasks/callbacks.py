@@ -1,0 +1,117 @@
+"""Lightning callbacks of the pretraining stage: the aux-loss-free expert-bias update, sample
+generations with verifier scores, and the writer of `zoo predict` outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from rich.console import Console
+from rich.table import Table
+
+from zoo.models.moe import Router
+
+
+class ExpertBiasUpdate(L.Callback):
+    """DeepSeek-V3's auxiliary-loss-free balancing: after every optimiser step,
+    `b_i += gamma * sign(mean_load - load_i)` per router, then the biases are re-centred to mean 0.
+
+    The bias only chooses experts; gate weights never see it, so it steers load without a gradient.
+
+    Args:
+        gamma: the bias update speed (DeepSeek-V3: 1e-3).
+    """
+
+    def __init__(self, gamma: float = 1e-3) -> None:
+        self.gamma = gamma
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        routers = [m for m in pl_module.modules() if isinstance(m, Router) and m.balancing == "aux_free"]
+        if not routers:
+            return
+        spread = []
+        for router in routers:
+            router.update_bias(self.gamma)
+            spread.append(router.expert_bias.abs().mean())
+        pl_module.log("train/router/bias_abs_mean", torch.stack(spread).mean(), on_step=True, on_epoch=False)
+
+
+class SampleGenerations(L.Callback):
+    """At the end of fit, generate from the prompts of the datamodule, score the texts with its verifier,
+    print a table and write `samples.md` beside the logs. Scores are logged as `samples/<name>`.
+
+    Args:
+        num_samples: generations (from `<bos>`, i.e. unconditioned) to draw.
+        seed: sampling seed, so two runs are comparable.
+    """
+
+    def __init__(self, num_samples: int = 16, seed: int = 0) -> None:
+        self.num_samples, self.seed = num_samples, seed
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "prompt_ids") or not trainer.is_global_zero:
+            return
+        s = pl_module.sampling
+        prompts = [datamodule.prompt_ids("") for _ in range(self.num_samples)]
+        generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        was_training = pl_module.training
+        pl_module.eval()
+        outputs = pl_module.model.generate(prompts, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator=generator)
+        pl_module.train(was_training)
+        texts = [datamodule.decode(ids) for ids in outputs]
+        scores = [datamodule.score_text(t) for t in texts]
+        names = sorted({k for sc in scores for k in sc})
+        means = {n: sum(sc.get(n, 0.0) for sc in scores) / len(scores) for n in names}
+
+        table = Table(title=f"Samples after {trainer.global_step} steps", show_lines=False)
+        table.add_column("#", justify="right")
+        table.add_column("generated text")
+        for n in names:
+            table.add_column(n, justify="center")
+        for i, (text, sc) in enumerate(zip(texts, scores, strict=True)):
+            table.add_row(str(i), text, *("yes" if sc.get(n) else "no" for n in names))
+        console = Console()
+        console.print(table)
+        if means:
+            console.print("  ".join(f"{n}: {v:.0%}" for n, v in means.items()))
+
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"# Samples after {trainer.global_step} steps", ""]
+        lines += ["| # | generated text | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for i, (text, sc) in enumerate(zip(texts, scores, strict=True)):
+            lines.append(f"| {i} | {text} | " + " | ".join(f"{sc.get(n, 0):.0f}" for n in names) + " |")
+        lines += ["", "Means: " + ", ".join(f"{n} {v:.3f}" for n, v in means.items()), ""]
+        (out_dir / "samples.md").write_text("\n".join(lines))
+        console.print(f"samples written to {out_dir / 'samples.md'}")
+        for logger in trainer.loggers:
+            logger.log_metrics({f"samples/{n}": v for n, v in means.items()}, step=trainer.global_step)
+
+
+class GenerationWriter(BasePredictionWriter):
+    """Writes `zoo predict` outputs as JSON lines (one per prompt) and prints the texts.
+
+    Args:
+        output: the JSONL file to write.
+    """
+
+    def __init__(self, output: str = "predictions.jsonl") -> None:
+        super().__init__(write_interval="epoch")
+        self.output = output
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+        rows = [row for batch in predictions for row in batch]
+        path = Path(self.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        for row in rows:
+            print(f"{row.get('prompt', row['prompt_ids'])!r} -> {row.get('text', row['ids'])!r}")
+        print(f"{len(rows)} generations written to {path}")

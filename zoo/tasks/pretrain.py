@@ -1,0 +1,180 @@
+"""Unified pretraining (ERNIE 5.0 section 3): one next-group objective over every modality, elastic.
+
+The LightningModule owns what `zoo.models` leaves out: losses summed and logged per head and per
+modality, router statistics per modality (recorded beside routing, never fed into it), the elastic
+sub-model drawn per step, the optimiser and its schedule, and text generation for `zoo predict`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from zoo.batch import GroupBatch, Modality
+from zoo.models.backbone import BackboneOutput
+from zoo.models.elastic import ElasticSampler
+from zoo.models.unified import UnifiedModel
+
+
+@dataclass
+class SamplingConfig:
+    """How `predict` and the sample callback generate text."""
+
+    max_new_tokens: int = 48
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float | None = 0.95
+
+
+def normalised_entropy(load: Tensor) -> Tensor:
+    """NE = -sum p_i log p_i / log N of an expert-load histogram: 1 is perfectly even, 0 is one expert."""
+    p = load / load.sum().clamp_min(1e-9)
+    entropy = -(p * p.clamp_min(1e-12).log()).sum()
+    return entropy / math.log(max(load.numel(), 2))
+
+
+def router_statistics(output: BackboneOutput, batch: GroupBatch, n_experts: int) -> dict[str, Tensor]:
+    """Per modality, averaged over MoE layers: the normalised entropy of expert load and the busiest
+    expert's share. Only valid (non-padding) tokens were routed, in row-major order."""
+    if not output.router:
+        return {}
+    modality = batch.modality[batch.valid]
+    stats: dict[str, list[Tensor]] = {}
+    for _, r in output.router:
+        for m in Modality:
+            chosen = r.indices[modality == m]
+            if chosen.numel() == 0:
+                continue
+            load = torch.bincount(chosen.flatten(), minlength=n_experts).float()
+            name = m.name.lower()
+            stats.setdefault(f"router/{name}/load_entropy", []).append(normalised_entropy(load))
+            stats.setdefault(f"router/{name}/max_load", []).append(load.max() / load.sum())
+    return {k: torch.stack(v).mean() for k, v in stats.items()}
+
+
+class UnifiedPretraining(L.LightningModule):
+    """Trains a `UnifiedModel` on group batches.
+
+    Args:
+        model: the unified model (backbone, embedders, heads).
+        elastic: draws a sub-model per training step (None: always the full model).
+        lr: peak AdamW learning rate.
+        weight_decay: decoupled weight decay of matrices (norms and biases are not decayed).
+        betas: AdamW betas.
+        warmup_steps: linear warm-up, then cosine decay to `min_lr_ratio * lr` at the last step.
+        min_lr_ratio: the final learning rate as a fraction of `lr`.
+        sampling: generation settings of `predict` and the sample callback.
+    """
+
+    def __init__(
+        self,
+        model: UnifiedModel,
+        elastic: ElasticSampler | None = None,
+        lr: float = 3e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 50,
+        min_lr_ratio: float = 0.1,
+        sampling: SamplingConfig = SamplingConfig(),
+    ) -> None:
+        super().__init__()
+        # Not ignoring the injected model: ignoring it breaks load_from_checkpoint (DESIGN.md).
+        self.save_hyperparameters()
+        self.model = model
+        self.elastic = elastic
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
+        self.sampling = sampling
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        vocab = getattr(datamodule, "vocab", None)
+        if vocab is not None and vocab != self.model.vocab:
+            raise ValueError(
+                f"the data's vocabulary {vocab} differs from the model's {self.model.vocab}: "
+                "give both the same `vocab`"
+            )
+
+    def _step(self, batch: GroupBatch, split: str) -> Tensor:
+        backbone = self.model.backbone
+        elastic = None
+        if split == "train" and self.elastic is not None:
+            elastic = self.elastic.sample(self.global_step, backbone.n_layers, backbone.n_experts, backbone.top_k)
+        out = self.model(batch, elastic=elastic)
+        if not torch.isfinite(out.loss):
+            # Stop before the optimiser step: the weights (and any checkpoint) stay as they were.
+            raise FloatingPointError(
+                f"non-finite {split} loss ({out.loss.item()}) at global step {self.global_step}, "
+                f"batch of {batch.batch_size} rows; training stopped before updating the weights"
+            )
+        logs = {f"{split}/loss": out.loss.detach()}
+        for name, head in out.heads.items():
+            logs[f"{split}/{name}_loss"] = head.loss.detach()
+            logs.update({f"{split}/{k}": v for k, v in head.metrics.items()})
+        if out.backbone.router:
+            logs[f"{split}/aux_loss"] = out.backbone.aux_loss.detach()
+            logs[f"{split}/z_loss"] = out.backbone.z_loss.detach()
+            logs.update({f"{split}/{k}": v for k, v in router_statistics(out.backbone, batch, backbone.n_experts).items()})
+        if elastic is not None:
+            depth = backbone.n_layers if elastic.layers is None else len(elastic.layers)
+            logs["train/elastic_depth"] = float(depth)
+            logs["train/elastic_top_k"] = float(elastic.top_k or backbone.top_k)
+        on_step = split == "train"
+        self.log_dict(logs, on_step=on_step, on_epoch=not on_step, batch_size=batch.batch_size, sync_dist=not on_step)
+        if on_step:
+            self.log("loss", out.loss.detach(), prog_bar=True, logger=False, batch_size=batch.batch_size)
+        return out.loss
+
+    def training_step(self, batch: GroupBatch, batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: GroupBatch, batch_idx: int) -> Tensor:
+        loss = self._step(batch, "val")
+        self.log("val_loss", loss, prog_bar=True, logger=False, batch_size=batch.batch_size, sync_dist=True)
+        return loss
+
+    def test_step(self, batch: GroupBatch, batch_idx: int) -> Tensor:
+        return self._step(batch, "test")
+
+    def predict_step(self, batch: list[list[int]], batch_idx: int) -> list[dict[str, object]]:
+        """Generate a continuation of each prompt (unified ids); decoded when the datamodule can decode."""
+        s = self.sampling
+        outputs = self.model.generate(batch, s.max_new_tokens, s.temperature, s.top_k, s.top_p)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        decode = getattr(datamodule, "decode", None)
+        score = getattr(datamodule, "score_text", None)
+        results = []
+        for prompt, ids in zip(batch, outputs, strict=True):
+            row: dict[str, object] = {"prompt_ids": prompt, "ids": ids}
+            if decode is not None:
+                row["prompt"], row["text"] = decode(prompt), decode(ids)
+                if score is not None:
+                    row["scores"] = score(row["prompt"] + row["text"])
+            results.append(row)
+        return results
+
+    def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.lr,
+            betas=self.betas,
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, floor = min(self.warmup_steps, total), self.min_lr_ratio
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

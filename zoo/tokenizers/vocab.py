@@ -1,0 +1,145 @@
+"""The unified token space: one id range per modality plus the special tokens that switch between them.
+
+Layout (ERNIE 5.0 shares one output space across modalities; we keep the ranges explicit so that
+each head predicts only its own slice and an id can always be traced back to its modality):
+
+    [ specials | text | visual codes | audio codes (level 1 .. Q, one block per level) ]
+
+The text tokenizer produces local ids `0 .. text_size-1`; `text_offset` maps them into the unified
+space. The text head predicts over `specials + text` so that it can open another modality (BOI, BOA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<pad>",
+    "<bos>",
+    "<eos>",
+    "<boi>",  # begin / end of image
+    "<eoi>",
+    "<bov>",  # begin / end of video
+    "<eov>",
+    "<boa>",  # begin / end of audio
+    "<eoa>",
+    "<sep>",
+)
+
+
+@dataclass(frozen=True)
+class UnifiedVocab:
+    """Id ranges of the unified vocabulary.
+
+    Args:
+        text_size: number of text-tokenizer ids.
+        visual_size: visual codebook size (shared across scales).
+        audio_size: codebook size of each audio RVQ level.
+        audio_levels: number of RVQ levels; each level gets its own block of `audio_size` ids.
+    """
+
+    text_size: int = 512
+    visual_size: int = 1024
+    audio_size: int = 1024
+    audio_levels: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("text_size", "visual_size", "audio_size", "audio_levels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"UnifiedVocab.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def num_special(self) -> int:
+        return len(SPECIAL_TOKENS)
+
+    @property
+    def text_offset(self) -> int:
+        return self.num_special
+
+    @property
+    def visual_offset(self) -> int:
+        return self.text_offset + self.text_size
+
+    @property
+    def audio_offset(self) -> int:
+        return self.visual_offset + self.visual_size
+
+    @property
+    def size(self) -> int:
+        return self.audio_offset + self.audio_size * self.audio_levels
+
+    @property
+    def text_head_size(self) -> int:
+        """Outputs of the text head: the special tokens and the text ids."""
+        return self.visual_offset
+
+    def special(self, name: str) -> int:
+        """Id of a special token by name, e.g. `vocab.special("<eos>")`."""
+        try:
+            return SPECIAL_TOKENS.index(name)
+        except ValueError:
+            raise KeyError(f"unknown special token {name!r}; known: {', '.join(SPECIAL_TOKENS)}") from None
+
+    @property
+    def pad_id(self) -> int:
+        return self.special("<pad>")
+
+    @property
+    def bos_id(self) -> int:
+        return self.special("<bos>")
+
+    @property
+    def eos_id(self) -> int:
+        return self.special("<eos>")
+
+    def text_range(self) -> range:
+        return range(self.text_offset, self.visual_offset)
+
+    def visual_range(self) -> range:
+        return range(self.visual_offset, self.audio_offset)
+
+    def audio_range(self, level: int | None = None) -> range:
+        """All audio ids, or those of one level (0-based)."""
+        if level is None:
+            return range(self.audio_offset, self.size)
+        if not 0 <= level < self.audio_levels:
+            raise ValueError(f"audio level {level} out of range 0..{self.audio_levels - 1}")
+        start = self.audio_offset + level * self.audio_size
+        return range(start, start + self.audio_size)
+
+    def text_to_unified(self, ids: Tensor | list[int]) -> Tensor:
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.text_size):
+            raise ValueError(f"text ids must lie in 0..{self.text_size - 1}, got {int(ids.min())}..{int(ids.max())}")
+        return ids + self.text_offset
+
+    def unified_to_text(self, ids: Tensor | list[int]) -> Tensor:
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        r = self.text_range()
+        if ids.numel() and (int(ids.min()) < r.start or int(ids.max()) >= r.stop):
+            raise ValueError(f"ids must lie in the text range {r.start}..{r.stop - 1}")
+        return ids - self.text_offset
+
+    def check_ids(self, ids: Tensor, allowed: range | None = None) -> None:
+        """Refuse out-of-range ids with a message naming the offending id and the allowed range."""
+        allowed = allowed or range(0, self.size)
+        if ids.numel() == 0:
+            return
+        bad = (ids < allowed.start) | (ids >= allowed.stop)
+        if bool(bad.any()):
+            first = int(ids[bad].flatten()[0])
+            raise ValueError(f"token id {first} is outside the allowed range {allowed.start}..{allowed.stop - 1}")
+
+    def modality_of(self, token_id: int) -> str:
+        if 0 <= token_id < self.num_special:
+            return "special"
+        if token_id in self.text_range():
+            return "text"
+        if token_id in self.visual_range():
+            return "visual"
+        if token_id in self.audio_range():
+            return "audio"
+        raise ValueError(f"token id {token_id} outside the unified vocabulary 0..{self.size - 1}")
