@@ -128,7 +128,7 @@ def test_elastic_extract_equals_full_model_with_the_same_configuration():
     assert small.backbone.n_layers == 3 and small.backbone.n_experts == 4 and small.backbone.top_k == 1
     assert small.num_parameters() < model.num_parameters()
     # The extracted model is rebuilt from its own spec alone (what a checkpoint stores).
-    rebuilt = UnifiedModel(UnifiedTransformer(**small.backbone.spec), model.vocab)
+    rebuilt = UnifiedModel(UnifiedTransformer(**small.backbone.init_args), model.vocab)
     assert sum(p.numel() for p in rebuilt.parameters()) == small.num_parameters()
 
 

@@ -19,8 +19,13 @@ from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of `range(n)` drawn from (seed, epoch); Lightning calls `set_epoch` every epoch."""
+class EpochShuffleSampler(Sampler[tuple[int, int]]):
+    """A permutation of `range(n)` drawn from (seed, epoch); Lightning calls `set_epoch` every epoch.
+
+    It yields `(index, epoch)` pairs: the epoch travels with each index, so dataloader workers (which
+    hold their own copy of the sampler, frozen at the epoch they started in) draw per-epoch randomness
+    such as BPE-dropout exactly as the main process would.
+    """
 
     def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
         self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
@@ -28,18 +33,19 @@ class EpochShuffleSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
         if not self.shuffle:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+            return iter((i, epoch) for i in range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+        return iter((i, epoch) for i in torch.randperm(self.n, generator=g).tolist())
 
     def __len__(self) -> int:
         return self.n
 
 
 class DocumentDataset(Dataset[Document]):
-    """`n` documents made on demand by `make(index, epoch)`; the epoch follows the sampler's."""
+    """`n` documents made on demand by `make(index, epoch)`, indexed by the sampler's `(index, epoch)`."""
 
     def __init__(self, n: int, make: Callable[[int, int], Document], sampler: EpochShuffleSampler) -> None:
         self.n, self.make, self.sampler = n, make, sampler
@@ -47,10 +53,11 @@ class DocumentDataset(Dataset[Document]):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> Document:
+    def __getitem__(self, key: tuple[int, int] | int) -> Document:
+        index, epoch = key if isinstance(key, tuple) else (key, self.sampler.epoch)
         if not 0 <= index < self.n:
             raise IndexError(f"document index {index} out of range 0..{self.n - 1}")
-        return self.make(index, self.sampler.epoch)
+        return self.make(index, epoch)
 
 
 class DocumentDataModule(L.LightningDataModule):

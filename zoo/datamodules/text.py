@@ -25,7 +25,8 @@ def read_documents(path: str | Path) -> list[str]:
         content = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if path.suffix == ".jsonl":
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
         docs = []
         for number, line in enumerate(content.splitlines(), start=1):
             if not line.strip():
@@ -39,9 +40,9 @@ def read_documents(path: str | Path) -> list[str]:
             if record["text"].strip():
                 docs.append(record["text"])
         return docs
-    if path.suffix in (".txt", ".md", ""):
+    if suffix in (".txt", ".md"):
         return [p.strip() for p in re.split(r"\n\s*\n", content) if p.strip()]
-    raise ValueError(f"{path}: unsupported text file type {path.suffix!r}; use .txt or .jsonl")
+    raise ValueError(f"{path}: unsupported text file type {path.suffix!r}; use .txt, .md or .jsonl")
 
 
 class TextFilesDataModule(DocumentDataModule):
@@ -80,6 +81,8 @@ class TextFilesDataModule(DocumentDataModule):
         super().__init__(vocab, seq_len, batch_size, bpe_dropout, truncate, num_workers, seed, prompts)
         if not train_files:
             raise ValueError("train_files is empty: give at least one .txt or .jsonl file")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
         self.train_files, self.val_files = list(train_files), list(val_files or [])
         self.tokenizer_path, self.val_fraction = tokenizer, val_fraction
         self._split: dict[str, list[str]] | None = None

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.batch import GroupBatch, group_attention_mask
+from zoo.config import Configurable
 from zoo.models.elastic import ElasticConfig
 from zoo.models.moe import MoEFeedForward, RouterOutput, SwiGLU
 
@@ -199,7 +200,7 @@ class BackboneOutput:
         return {layer: r.indices for layer, r in self.router}
 
 
-class UnifiedTransformer(nn.Module):
+class UnifiedTransformer(Configurable, nn.Module):
     """The modality-agnostic decoder.
 
     Args:
@@ -251,8 +252,6 @@ class UnifiedTransformer(nn.Module):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        # The constructor arguments, kept so that a sub-model or a hub checkpoint can be rebuilt from JSON.
-        self.spec = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not 0 <= n_dense_layers <= n_layers:
             raise ValueError(f"n_dense_layers must lie in 0..n_layers={n_layers}, got {n_dense_layers}")
         if n_dense_layers < n_layers and not 1 <= top_k <= n_experts:
@@ -373,8 +372,9 @@ class UnifiedTransformer(nn.Module):
         small.n_layers = len(layers)
         small.n_dense_layers = sum(1 for i in layers if i < self.n_dense_layers)
         small.n_experts, small.top_k = len(experts), top_k
-        small.spec = {
-            **self.spec,
+        # The sub-model's own constructor arguments: it rebuilds from them alone (hub, export).
+        small.init_args = {
+            **self.init_args,
             "n_layers": small.n_layers,
             "n_dense_layers": small.n_dense_layers,
             "n_experts": small.n_experts,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from zoo.config import Configurable
+
 
 @dataclass(frozen=True)
 class ElasticConfig:
@@ -77,7 +79,7 @@ class ElasticConfig:
         return cls(layers=layers, experts=experts, top_k=None if k == top_k else k)
 
 
-class ElasticSampler:
+class ElasticSampler(Configurable):
     """Draws one `ElasticConfig` per training step, reproducibly from (seed, step).
 
     Args:

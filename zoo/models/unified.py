@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.batch import GroupBatch, Modality
+from zoo.config import Configurable
 from zoo.models.backbone import BackboneOutput, UnifiedTransformer
 from zoo.models.elastic import ElasticConfig
 from zoo.models.heads import HeadOutput, TextHead
@@ -30,7 +31,7 @@ class ModelOutput:
     backbone: BackboneOutput
 
 
-class UnifiedModel(nn.Module):
+class UnifiedModel(Configurable, nn.Module):
     """Text embedder + `UnifiedTransformer` + text head (NTP and MTP).
 
     Args:

@@ -1,0 +1,111 @@
+"""What the benchmarks share: thread setup, a machine-noise probe, interleaved timing, checkpoint loading
+and the one-JSON-line output convention (progress on stderr, the result as the last stdout line)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e` works too
+from zoo.models.unified import UnifiedModel  # noqa: E402
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_common_args(parser: argparse.ArgumentParser, repeats: int) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: on a shared 2-core machine a second OpenMP thread that has to "
+        "wait for a busy core makes every small matmul 5-10x slower, which swamps what is measured)",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs of every variant first")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed runs per variant (median taken)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def machine_info(threads: int) -> dict[str, object]:
+    """Sets the thread count and records what makes timings on a shared machine readable: the load and
+    how long a 16x128 @ 128x128 matmul takes (a few microseconds on an idle core; 100+ means contention)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(16, 128), torch.randn(128, 128)
+    for _ in range(50):
+        a @ b
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(200):
+            a @ b
+        times.append((time.perf_counter() - start) / 200)
+    return {
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "matmul_16x128_us": round(statistics.median(times) * 1e6, 1),
+        "torch": torch.__version__,
+    }
+
+
+def time_interleaved(
+    variants: dict[str, Callable[[], object]], warmup: int, repeats: int, label: str = ""
+) -> tuple[dict[str, float], dict[str, object], float]:
+    """Median seconds of each variant over `repeats` rounds; every round runs all variants once, in an
+    order rotated per round, so machine noise and position in the round hit all of them alike.
+
+    Returns (median seconds, the last result of each variant, spread): spread is the median over
+    variants of (max - min) / median of its timings, i.e. how far to trust ratios of the medians.
+    """
+    names = list(variants)
+    results: dict[str, object] = {}
+    for _ in range(warmup):
+        for name in names:
+            results[name] = variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            results[name] = variants[name]()
+            times[name].append(time.perf_counter() - start)
+        log(f"  {label}round {r + 1}/{repeats}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names))
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    spread = statistics.median((max(t) - min(t)) / medians[name] for name, t in times.items())
+    log(f"  {label}timing spread (max - min) / median: {spread:.0%}")
+    return medians, results, round(spread, 3)
+
+
+def load_checkpoint(path: str) -> tuple[UnifiedModel, dict, str]:
+    """(model in eval mode, the raw checkpoint dict, how it was loaded).
+
+    `UnifiedPretraining.load_from_checkpoint` first: it rebuilds the model from the saved hyperparameters
+    (LightningCLI stores class paths; a directly constructed module pickles the model itself). The raw
+    dict, read separately, carries the datamodule state (the tokenizer) for making prompts.
+    """
+    from zoo.tasks.pretrain import UnifiedPretraining
+
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+        raw_how = "weights_only=True"
+    except Exception as error:  # noqa: BLE001 (pickled module objects in hyper_parameters)
+        log(f"torch.load(weights_only=True) refused {path}: {type(error).__name__}: {str(error)[:200]}")
+        raw = torch.load(path, map_location="cpu", weights_only=False)
+        raw_how = "weights_only=False"
+    module = UnifiedPretraining.load_from_checkpoint(path, map_location="cpu")
+    model = module.model.eval()
+    return model, raw, f"UnifiedPretraining.load_from_checkpoint (raw dict: torch.load {raw_how})"
+
+
+def emit(result: dict[str, object]) -> None:
+    """The result as the last stdout line."""
+    print(json.dumps(result), flush=True)

@@ -1,0 +1,78 @@
+"""Components that know the YAML that rebuilds them.
+
+Every zoo component is built from `class_path`/`init_args` (LightningCLI, jsonargparse). A
+`Configurable` records the arguments it was constructed with, so a live object turns back into that
+same plain structure with `to_config`: for checkpoints (hyper-parameters that load with
+`weights_only=True`, never pickled objects) and for hub configs (JSON, rebuilt without executing code).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from torch import nn
+
+
+class _FromAttribute:
+    """Stands in for a module-valued argument: the live object is the attribute of the same name (so a
+    swapped or extracted submodule is what gets serialised, and copies do not duplicate it)."""
+
+    def __repr__(self) -> str:
+        return "<attribute>"
+
+
+FROM_ATTRIBUTE = _FromAttribute()
+
+
+class Configurable:
+    """Mixin: records the bound constructor arguments of the most-derived class in `self.init_args`.
+
+    A module-valued argument must be kept as the attribute of the same name (`self.backbone = backbone`).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def recording_init(self: Any, *args: Any, **kw: Any) -> None:
+            init(self, *args, **kw)
+            if type(self) is cls:
+                bound = signature.bind(self, *args, **kw)
+                bound.apply_defaults()
+                recorded = {
+                    name: FROM_ATTRIBUTE if isinstance(value, nn.Module) else value
+                    for name, value in list(bound.arguments.items())[1:]
+                }
+                object.__setattr__(self, "init_args", recorded)
+
+        cls.__init__ = recording_init  # type: ignore[misc]
+
+
+def class_path(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def to_config(value: Any) -> Any:
+    """A plain (JSON/YAML-able) structure: `{"class_path", "init_args"}` for components, dicts for
+    dataclasses, lists for tuples."""
+    if isinstance(value, Configurable):
+        init_args = {}
+        for name, arg in value.init_args.items():
+            init_args[name] = to_config(getattr(value, name) if arg is FROM_ATTRIBUTE else arg)
+        return {"class_path": class_path(value), "init_args": init_args}
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: to_config(v) for k, v in asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [to_config(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_config(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot express {type(value).__name__} as configuration; make it Configurable")
