@@ -24,6 +24,7 @@ one JSON object.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=40)
     parser.add_argument("--val-batches", type=int, default=8)
     parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--decode-batch", type=int, default=1, help="rows decoded at once")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without elastic sampling")
     parser.add_argument("--save-checkpoint", default=None, help="write the elastic run's .ckpt here")
     add_common_args(parser, repeats=7)
@@ -148,7 +150,7 @@ def main() -> None:
     result["extract_val_loss_max_abs_diff"] = float(f"{worst:.2e}")
 
     # -- decode speed: full model, masked sub-models, extracted sub-models ------------------------------
-    prompt = [data.prompt_ids("")]
+    prompt = [data.prompt_ids("")] * args.decode_batch
     n = args.decode_tokens
 
     def decoder(m: UnifiedModel, config: ElasticConfig | None):
@@ -158,15 +160,17 @@ def main() -> None:
     for name, config in configs.items():
         variants[f"{name}_masked"] = decoder(model, config)
         variants[f"{name}_extracted"] = decoder(extracted[name], None)
-    log(f"decoding {n} tokens at batch 1: {len(variants)} variants, {args.repeats} interleaved rounds")
+    log(f"decoding {n} tokens, batch {args.decode_batch}, {len(variants)} variants, {args.repeats} rounds")
     seconds, outputs, spread = time_interleaved(variants, args.warmup, args.repeats)
     result["decode_tokens"] = n
     result["decode_timing_spread"] = spread
-    result["decode_tps_full"] = round(n / seconds["full"], 1)
+    result["decode_batch"] = args.decode_batch
+    n_out = n * args.decode_batch
+    result["decode_tps_full"] = round(n_out / seconds["full"], 1)
     outputs_match = True
     for name in configs:
-        result[f"decode_tps_{name}_masked"] = round(n / seconds[f"{name}_masked"], 1)
-        result[f"decode_tps_{name}_extracted"] = round(n / seconds[f"{name}_extracted"], 1)
+        result[f"decode_tps_{name}_masked"] = round(n_out / seconds[f"{name}_masked"], 1)
+        result[f"decode_tps_{name}_extracted"] = round(n_out / seconds[f"{name}_extracted"], 1)
         result[f"{name}_decode_speedup"] = round(seconds["full"] / seconds[f"{name}_extracted"], 3)
         result[f"{name}_masked_decode_speedup"] = round(seconds["full"] / seconds[f"{name}_masked"], 3)
         outputs_match &= outputs[f"{name}_masked"] == outputs[f"{name}_extracted"]
@@ -193,6 +197,7 @@ def main() -> None:
         for name, config in configs.items():
             result[f"val_loss_{name}_no_elastic"] = round(val_loss(base.model, val, config), 4)
 
+    shutil.rmtree(root, ignore_errors=True)
     result.update(info)
     result["repeats"] = args.repeats
     result["wall_s"] = round(time.perf_counter() - wall, 1)

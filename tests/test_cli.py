@@ -16,27 +16,37 @@ PREDICT = str(ROOT / "configs" / "predict.yaml")
 
 def test_fit_then_predict_from_the_checkpoint(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the YAML's relative paths (runs/quickstart/...) land in tmp_path
-    main([
-        "fit", "--config", QUICKSTART,
-        "--trainer.max_steps=4",
-        "--trainer.val_check_interval=2",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        "--data.init_args.train_size=256",
-        "--data.init_args.val_size=16",
-        "--model.init_args.sampling.max_new_tokens=8",
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            QUICKSTART,
+            "--trainer.max_steps=4",
+            "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.train_size=256",
+            "--data.init_args.val_size=16",
+            "--model.init_args.sampling.max_new_tokens=8",
+        ]
+    )
     run = tmp_path / "runs" / "quickstart"
     checkpoint = run / "checkpoints" / "last.ckpt"
     assert checkpoint.is_file()
     assert list(run.glob("logs/version_*/samples.md")), "the sample callback writes samples.md"
 
-    main([
-        "predict", "--config", QUICKSTART, "--config", PREDICT,
-        "--trainer.enable_progress_bar=false",
-        "--model.init_args.sampling.max_new_tokens=8",
-        f"--ckpt_path={checkpoint}",
-    ])
+    main(
+        [
+            "predict",
+            "--config",
+            QUICKSTART,
+            "--config",
+            PREDICT,
+            "--trainer.enable_progress_bar=false",
+            "--model.init_args.sampling.max_new_tokens=8",
+            f"--ckpt_path={checkpoint}",
+        ]
+    )
     output = run / "predictions.jsonl"
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(rows) == 4

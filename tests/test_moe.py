@@ -61,9 +61,11 @@ def test_output_and_gradients_equal_a_per_token_reference_loop(score_func: str, 
 
     assert out.shape == x.shape
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
-    for (name, _), g, r in zip(moe.named_parameters(), grads[1:], ref_grads[1:], strict=True):
-        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4, msg=f"gradient of {name}")
-    torch.testing.assert_close(grads[0], ref_grads[0], atol=1e-5, rtol=1e-4)
+    names = ["x"] + [name for name, _ in moe.named_parameters()]
+    for name, g, r in zip(names, grads, ref_grads, strict=True):
+        # fp32 sums in a different order: compare relative to the gradient's scale
+        error = float((g - r).abs().max() / r.abs().max())
+        assert error < 1e-5, f"gradient of {name} differs by {error:.2e} of its scale"
 
 
 def test_gate_receives_gradient_through_the_gate_weights() -> None:

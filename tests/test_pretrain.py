@@ -14,7 +14,9 @@ from zoo.registry import create_model
 from zoo.tasks.callbacks import ExpertBiasUpdate
 from zoo.tasks.pretrain import UnifiedPretraining
 
-TINY = dict(dim=32, n_layers=3, n_heads=2, n_kv_heads=1, n_experts=8, expert_hidden=16, top_k=2, max_seq_len=64)
+TINY = dict(
+    dim=32, n_layers=3, n_heads=2, n_kv_heads=1, n_experts=8, expert_hidden=16, top_k=2, max_seq_len=64
+)
 
 
 class LossRecorder(L.Callback):
@@ -33,7 +35,9 @@ class StopAfterFirstEpoch(L.Callback):
 def make_task(elastic: bool = True, **overrides) -> UnifiedPretraining:
     torch.manual_seed(0)
     model = create_model("tiny", **{**TINY, **overrides})
-    return UnifiedPretraining(model, elastic=ElasticSampler(seed=1) if elastic else None, lr=3e-3, warmup_steps=2)
+    return UnifiedPretraining(
+        model, elastic=ElasticSampler(seed=1) if elastic else None, lr=3e-3, warmup_steps=2
+    )
 
 
 def make_data(model, **overrides) -> ShapesDataModule:
@@ -63,8 +67,16 @@ def test_training_lowers_the_loss_and_logs_every_head_modality_and_router(tmp_pa
     trainer.fit(task, datamodule=make_data(task.model))
     assert recorder.losses[-1] < recorder.losses[0] - 0.5
     logged = set(trainer.logged_metrics)
-    for key in ("train/text/ntp_loss", "train/text/mtp1_loss", "train/aux_loss", "train/z_loss",
-                "train/router/text/load_entropy", "train/router/text/max_load", "val/loss", "val/text/accuracy"):
+    for key in (
+        "train/text/ntp_loss",
+        "train/text/mtp1_loss",
+        "train/aux_loss",
+        "train/z_loss",
+        "train/router/text/load_entropy",
+        "train/router/text/max_load",
+        "val/loss",
+        "val/text/accuracy",
+    ):
         assert key in logged, f"{key} not logged; logged: {sorted(logged)}"
 
 
@@ -99,7 +111,9 @@ def test_a_non_finite_loss_stops_training_before_the_weights_change_and_names_th
     with torch.no_grad():
         task.model.text_head.output.weight[0, 0] = float("nan")
     before["model.text_head.output.weight"][0, 0] = float("nan")
-    checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1)
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1
+    )
     trainer = make_trainer(tmp_path, 1, [checkpoint])
     with pytest.raises(FloatingPointError, match="global step 0"):
         trainer.fit(task, datamodule=make_data(task.model))

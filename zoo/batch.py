@@ -60,12 +60,18 @@ class GroupBatch:
             raise ValueError(f"input_ids must be [B, L], got shape {tuple(shape)}")
         for name in ("modality", "group_id", "doc_id"):
             if getattr(self, name).shape != shape:
-                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}")
+                raise ValueError(
+                    f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}"
+                )
         if self.positions.shape != (3, *shape):
-            raise ValueError(f"positions has shape {tuple(self.positions.shape)}, expected (3, {shape[0]}, {shape[1]})")
+            raise ValueError(
+                f"positions has shape {tuple(self.positions.shape)}, expected (3, {shape[0]}, {shape[1]})"
+            )
         for name, target in self.targets.items():
             if target.shape[:2] != shape:
-                raise ValueError(f"targets[{name!r}] has leading shape {tuple(target.shape[:2])}, expected {tuple(shape)}")
+                raise ValueError(
+                    f"targets[{name!r}] has leading shape {tuple(target.shape[:2])}, expected {tuple(shape)}"
+                )
 
     @property
     def batch_size(self) -> int:
@@ -83,7 +89,11 @@ class GroupBatch:
     def to(self, device: torch.device | str) -> GroupBatch:
         return replace(
             self,
-            **{f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name not in ("targets", "payloads")},
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in fields(self)
+                if f.name not in ("targets", "payloads")
+            },
             targets={k: v.to(device) for k, v in self.targets.items()},
             payloads={k: v.to(device) for k, v in self.payloads.items()},
         )

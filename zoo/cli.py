@@ -1,10 +1,10 @@
 """The `zoo` command: LightningCLI for fit/validate/test/predict, plus a few plain subcommands.
 
-    zoo fit --config configs/quickstart.yaml            # train (any component swappable by class_path)
-    zoo fit --config configs/quickstart.yaml --print_config
-    zoo predict --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
-    zoo train-tokenizer --files corpus.txt --vocab_size 8192 --out tokenizer.json
-    zoo models                                          # presets with total and active parameters
+zoo fit --config configs/quickstart.yaml            # train (any component swappable by class_path)
+zoo fit --config configs/quickstart.yaml --print_config
+zoo predict --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
+zoo train-tokenizer --files corpus.txt --vocab_size 8192 --out tokenizer.json
+zoo models                                          # presets with total and active parameters
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ def models_main(argv: list[str]) -> None:
     for name in list_models():
         model = create_model(name, device="meta")
         total, active = model.num_parameters(), model.num_parameters(active=True)
-        print(f"{name:<14} {total:>10.3g} {active:>10.3g} {100 * active / total:>8.2f}%  {get_preset(name).description}")
+        print(
+            f"{name:<14} {total:>10.3g} {active:>10.3g} {100 * active / total:>8.2f}%  "
+            + get_preset(name).description
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

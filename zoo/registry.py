@@ -67,13 +67,15 @@ def _split_overrides(overrides: dict[str, object]) -> tuple[dict, dict, dict]:
 
 
 def create_model(name: str, device: str | torch.device | None = None, **overrides: object) -> UnifiedModel:
-    """Build a preset, e.g. `create_model("tiny", n_layers=2)` or `create_model("ernie5-paper", device="meta")`.
+    """Build a preset: `create_model("tiny", n_layers=2)`, `create_model("ernie5-paper", device="meta")`.
 
     Overrides go to the backbone, the vocabulary or the model, whichever takes that argument.
     """
     preset = get_preset(name)
     if preset.meta_only and str(device) != "meta":
-        raise ValueError(f"{name!r} has about a trillion parameters: build it with device='meta' to inspect it")
+        raise ValueError(
+            f"{name!r} has about a trillion parameters: build it with device='meta' to inspect it"
+        )
     backbone_over, vocab_over, model_over = _split_overrides(overrides)
     with torch.device(device) if device is not None else _nullcontext():
         backbone = UnifiedTransformer(**{**preset.backbone, **backbone_over})
@@ -93,8 +95,18 @@ register_preset(
     Preset(
         "tiny",
         "Trains on 2 CPU cores in minutes (the quickstart).",
-        backbone=dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, n_dense_layers=1, n_experts=16,
-                      n_shared_experts=1, expert_hidden=64, top_k=4, max_seq_len=512),
+        backbone=dict(
+            dim=128,
+            n_layers=4,
+            n_heads=4,
+            n_kv_heads=2,
+            n_dense_layers=1,
+            n_experts=16,
+            n_shared_experts=1,
+            expert_hidden=64,
+            top_k=4,
+            max_seq_len=512,
+        ),
         vocab=dict(text_size=512, visual_size=512, audio_size=256, audio_levels=4),
         model=dict(mtp_depth=1, mtp_loss_weight=0.3),
     )
@@ -103,8 +115,18 @@ register_preset(
     Preset(
         "small",
         "A single-GPU research model.",
-        backbone=dict(dim=384, n_layers=8, n_heads=6, n_kv_heads=2, n_dense_layers=1, n_experts=32,
-                      n_shared_experts=1, expert_hidden=192, top_k=4, max_seq_len=2048),
+        backbone=dict(
+            dim=384,
+            n_layers=8,
+            n_heads=6,
+            n_kv_heads=2,
+            n_dense_layers=1,
+            n_experts=32,
+            n_shared_experts=1,
+            expert_hidden=192,
+            top_k=4,
+            max_seq_len=2048,
+        ),
         vocab=dict(text_size=16384, visual_size=4096, audio_size=1024, audio_levels=8),
         model=dict(mtp_depth=1, mtp_loss_weight=0.3),
     )
@@ -113,9 +135,20 @@ register_preset(
     Preset(
         "base",
         "A multi-GPU model (FSDP2).",
-        backbone=dict(dim=768, n_layers=16, n_heads=12, n_kv_heads=4, n_dense_layers=2, n_experts=64,
-                      n_shared_experts=2, expert_hidden=384, top_k=6, max_seq_len=4096, score_func="sigmoid",
-                      route_scale=2.5),
+        backbone=dict(
+            dim=768,
+            n_layers=16,
+            n_heads=12,
+            n_kv_heads=4,
+            n_dense_layers=2,
+            n_experts=64,
+            n_shared_experts=2,
+            expert_hidden=384,
+            top_k=6,
+            max_seq_len=4096,
+            score_func="sigmoid",
+            route_scale=2.5,
+        ),
         vocab=dict(text_size=32768, visual_size=16384, audio_size=2048, audio_levels=8),
         model=dict(mtp_depth=1, mtp_loss_weight=0.3),
     )
@@ -124,9 +157,21 @@ register_preset(
     Preset(
         "ernie5-paper",
         "Paper scale (about 1e12 parameters, under 3% active): build on the meta device to count sizes.",
-        backbone=dict(dim=7168, n_layers=64, n_heads=64, n_kv_heads=8, head_dim=128, n_dense_layers=3,
-                      n_experts=512, n_shared_experts=1, expert_hidden=1536, top_k=8, max_seq_len=131072,
-                      score_func="sigmoid", route_scale=2.5),
+        backbone=dict(
+            dim=7168,
+            n_layers=64,
+            n_heads=64,
+            n_kv_heads=8,
+            head_dim=128,
+            n_dense_layers=3,
+            n_experts=512,
+            n_shared_experts=1,
+            expert_hidden=1536,
+            top_k=8,
+            max_seq_len=131072,
+            score_func="sigmoid",
+            route_scale=2.5,
+        ),
         vocab=dict(text_size=131072, visual_size=65536, audio_size=4096, audio_levels=8),
         model=dict(mtp_depth=1, mtp_loss_weight=0.1),
         meta_only=True,

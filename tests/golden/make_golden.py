@@ -1,6 +1,6 @@
 """Regenerates the golden outputs of tests/test_golden.py. Run only after a deliberate numeric change:
 
-    .venv/bin/python tests/golden/make_golden.py
+.venv/bin/python tests/golden/make_golden.py
 """
 
 from pathlib import Path
@@ -12,8 +12,17 @@ from zoo.datamodules.sequence import SequenceBuilder, TextSegment
 from zoo.registry import create_model
 
 GOLDEN = Path(__file__).parent / "tiny_outputs.safetensors"
-SHAPE = dict(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, n_dense_layers=1, n_experts=8, expert_hidden=16, top_k=2,
-             max_seq_len=64)
+SHAPE = dict(
+    dim=32,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    n_dense_layers=1,
+    n_experts=8,
+    expert_hidden=16,
+    top_k=2,
+    max_seq_len=64,
+)
 
 
 def golden_model():
@@ -22,7 +31,11 @@ def golden_model():
 
 
 def golden_batch(vocab):
-    docs = [[TextSegment([1, 20, 21, 22, 23, 2])], [TextSegment([1, 40, 41, 2])], [TextSegment([1, 50, 51, 52, 2])]]
+    docs = [
+        [TextSegment([1, 20, 21, 22, 23, 2])],
+        [TextSegment([1, 40, 41, 2])],
+        [TextSegment([1, 50, 51, 52, 2])],
+    ]
     return SequenceBuilder(vocab, 12).collate(docs)
 
 

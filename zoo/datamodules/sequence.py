@@ -64,7 +64,9 @@ class SequenceBuilder:
                 "raise seq_len or set truncate=True to cut it"
             )
         if not self._warned:
-            warnings.warn(f"truncating documents longer than seq_len={self.seq_len} (first had {length})", stacklevel=2)
+            warnings.warn(
+                f"truncating documents longer than seq_len={self.seq_len} (first had {length})", stacklevel=2
+            )
             self._warned = True
         kept, room = [], self.seq_len
         for segment in document:

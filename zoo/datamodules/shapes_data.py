@@ -67,7 +67,9 @@ class ShapesDataModule(DocumentDataModule):
     def make_tokenizer(self) -> TextTokenizer:
         if self.tokenizer_path:
             return TextTokenizer.load(self.tokenizer_path)
-        return TextTokenizer.train(self.texts("train")[:4096], vocab_size=self.tokenizer_size, min_frequency=2)
+        return TextTokenizer.train(
+            self.texts("train")[:4096], vocab_size=self.tokenizer_size, min_frequency=2
+        )
 
     def score_text(self, text: str) -> dict[str, float]:
         """A generated caption is grammatical when the ShapesWorld parser reads a scene from it; novel when

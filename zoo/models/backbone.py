@@ -34,7 +34,9 @@ class UniRoPE(nn.Module):
     ordinary 1D RoPE, so text behaves as in any LLM.
     """
 
-    def __init__(self, head_dim: int, theta: float = 10000.0, sections: tuple[int, int, int] | None = None) -> None:
+    def __init__(
+        self, head_dim: int, theta: float = 10000.0, sections: tuple[int, int, int] | None = None
+    ) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
@@ -43,7 +45,9 @@ class UniRoPE(nn.Module):
             h = pairs // 4
             sections = (pairs - 2 * h, h, h)
         if sum(sections) != pairs or len(sections) != 3:
-            raise ValueError(f"rope sections {tuple(sections)} must be three numbers summing to head_dim/2 = {pairs}")
+            raise ValueError(
+                f"rope sections {tuple(sections)} must be three numbers summing to head_dim/2 = {pairs}"
+            )
         self.sections = tuple(sections)
         inv_freq = 1.0 / (theta ** (torch.arange(0, pairs, dtype=torch.float64) / pairs))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
@@ -111,7 +115,9 @@ class AttentionContext:
 class Attention(nn.Module):
     """Grouped-query attention with QK-norm through `scaled_dot_product_attention`."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: bool, norm_eps: float):
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm: bool, norm_eps: float
+    ):
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
@@ -135,7 +141,9 @@ class Attention(nn.Module):
             ctx.cache.k[layer, :, :, ctx.start : end] = k
             ctx.cache.v[layer, :, :, ctx.start : end] = v
             k, v = ctx.cache.k[layer, :, :, :end], ctx.cache.v[layer, :, :, :end]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, enable_gqa=self.n_kv_heads != self.n_heads)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=ctx.mask, enable_gqa=self.n_kv_heads != self.n_heads
+        )
         return self.wo(out.transpose(1, 2).reshape(b, length, -1))
 
 
@@ -179,7 +187,7 @@ class TransformerBlock(nn.Module):
 
 @dataclass
 class BackboneOutput:
-    """hidden: `[B, L, D]` after the final norm. router: per MoE layer that ran, `(layer index, RouterOutput)`.
+    """hidden: `[B, L, D]` after the final norm. router: `(layer index, RouterOutput)` per MoE layer run.
     context: the pass's attention context (MTP blocks reuse its mask and rotary tables)."""
 
     hidden: Tensor
@@ -196,7 +204,7 @@ class BackboneOutput:
 
     @property
     def routing(self) -> dict[int, Tensor]:
-        """The expert choices per MoE layer, `[N_valid, k]`: record these to replay them (RL router replay)."""
+        """The expert choices per MoE layer, `[N_valid, k]`: record them to replay them (RL router replay)."""
         return {layer: r.indices for layer, r in self.router}
 
 
@@ -258,7 +266,13 @@ class UnifiedTransformer(Configurable, nn.Module):
             raise ValueError(f"top_k must lie in 1..n_experts={n_experts}, got {top_k}")
         head_dim = head_dim or dim // n_heads
         dense_hidden = dense_hidden or (n_shared_experts + top_k) * expert_hidden
-        self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_layers, n_heads, n_kv_heads, head_dim
+        self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = (
+            dim,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        )
         self.n_dense_layers, self.n_experts, self.top_k = n_dense_layers, n_experts, top_k
         self.max_seq_len, self.norm_eps, self.qk_norm = max_seq_len, norm_eps, qk_norm
         self.dense_hidden = dense_hidden
@@ -286,7 +300,9 @@ class UnifiedTransformer(Configurable, nn.Module):
 
     def make_block(self, ffn: SwiGLU | MoEFeedForward) -> TransformerBlock:
         """A block with this backbone's attention shape (MTP modules reuse it)."""
-        attention = Attention(self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.qk_norm, self.norm_eps)
+        attention = Attention(
+            self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.qk_norm, self.norm_eps
+        )
         return TransformerBlock(attention, ffn, self.dim, self.norm_eps)
 
     def reset_parameters(self) -> None:
@@ -298,11 +314,19 @@ class UnifiedTransformer(Configurable, nn.Module):
             is_output = name.endswith(("wo.weight", "w2.weight", ".w2")) or name.split(".")[-1] == "w2"
             nn.init.normal_(p, std=out_std if is_output else 0.02)
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None
+    ) -> KVCache:
         max_len = max_len or self.max_seq_len
         param = next(self.parameters())
         return KVCache(
-            self.n_layers, batch_size, self.n_kv_heads, max_len, self.head_dim, dtype or param.dtype, param.device
+            self.n_layers,
+            batch_size,
+            self.n_kv_heads,
+            max_len,
+            self.head_dim,
+            dtype or param.dtype,
+            param.device,
         )
 
     def context(self, batch: GroupBatch, cache: KVCache | None = None) -> AttentionContext:
@@ -314,7 +338,9 @@ class UnifiedTransformer(Configurable, nn.Module):
             return AttentionContext(cos, sin, batch.attention_mask())
         start, end = cache.length, cache.length + batch.seq_len
         if end > cache.max_len:
-            raise ValueError(f"cache holds {cache.max_len} positions; {start} used + {batch.seq_len} new = {end}")
+            raise ValueError(
+                f"cache holds {cache.max_len} positions; {start} used + {batch.seq_len} new = {end}"
+            )
         cache.doc_id[:, start:end] = batch.doc_id
         cache.group_id[:, start:end] = batch.group_id
         mask = group_attention_mask(

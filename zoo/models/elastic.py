@@ -64,7 +64,13 @@ class ElasticConfig:
 
     @classmethod
     def from_fractions(
-        cls, n_layers: int, n_experts: int, top_k: int, depth: float = 1.0, width: float = 1.0, topk: float = 1.0
+        cls,
+        n_layers: int,
+        n_experts: int,
+        top_k: int,
+        depth: float = 1.0,
+        width: float = 1.0,
+        topk: float = 1.0,
     ) -> ElasticConfig:
         """A named sub-model by fractions: the first `depth` of layers (always keeping the last), the first
         `width` of experts, `topk` of the default top-k (at least 1). Used for evaluation grids and export."""
@@ -102,7 +108,11 @@ class ElasticSampler(Configurable):
         min_top_k: int = 1,
         seed: int = 0,
     ) -> None:
-        for name, p in (("p_full_depth", p_full_depth), ("p_full_width", p_full_width), ("p_full_topk", p_full_topk)):
+        for name, p in (
+            ("p_full_depth", p_full_depth),
+            ("p_full_width", p_full_width),
+            ("p_full_topk", p_full_topk),
+        ):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability, got {p}")
         self.p_full_depth = p_full_depth

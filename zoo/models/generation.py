@@ -139,7 +139,9 @@ def generate_text(
 
 
 @torch.no_grad()
-def speculative_generate(model: UnifiedModel, prompt: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+def speculative_generate(
+    model: UnifiedModel, prompt: list[int], max_new_tokens: int
+) -> tuple[list[int], float]:
     """Greedy decoding with the first MTP module drafting one token ahead (self-speculation).
 
     Each round runs the backbone once on [pending, draft]: if the backbone's own greedy choice after
@@ -166,7 +168,11 @@ def speculative_generate(model: UnifiedModel, prompt: list[int], max_new_tokens:
         index = torch.arange(start, start + len(next_ids), device=device)[None]
         batch = text_batch(torch.tensor([next_ids], device=device), torch.zeros_like(index), index)
         ctx = backbone.context(batch, mtp_cache)
-        state = mtp(hidden, model.text_embed(batch.input_ids), AttentionContext(ctx.cos, ctx.sin, ctx.mask, mtp_cache, ctx.start))
+        state = mtp(
+            hidden,
+            model.text_embed(batch.input_ids),
+            AttentionContext(ctx.cos, ctx.sin, ctx.mask, mtp_cache, ctx.start),
+        )
         mtp_cache.length = ctx.start + len(next_ids)
         return int(model.text_head.logits(state[:, -1]).argmax(-1))
 

@@ -65,7 +65,9 @@ class TextHead(nn.Module):
         mtp_loss_weight: lambda in L = L_NTP + lambda * mean_k L_MTP_k.
     """
 
-    def __init__(self, dim: int, vocab_size: int, mtp_blocks: list[TransformerBlock], mtp_loss_weight: float = 0.3):
+    def __init__(
+        self, dim: int, vocab_size: int, mtp_blocks: list[TransformerBlock], mtp_loss_weight: float = 0.3
+    ):
         super().__init__()
         self.vocab_size = vocab_size
         self.output = nn.Linear(dim, vocab_size, bias=False)
@@ -79,7 +81,9 @@ class TextHead(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return self.output(hidden)
 
-    def forward(self, hidden: Tensor, batch: GroupBatch, ctx: AttentionContext, embed: nn.Embedding) -> HeadOutput:
+    def forward(
+        self, hidden: Tensor, batch: GroupBatch, ctx: AttentionContext, embed: nn.Embedding
+    ) -> HeadOutput:
         """Cross-entropy at the positions whose `targets["text"]` is set (text positions only)."""
         targets = batch.targets["text"]
         picked = targets != IGNORE_INDEX
@@ -90,13 +94,17 @@ class TextHead(nn.Module):
         logits = self.logits(hidden[picked])
         ntp = F.cross_entropy(logits.float(), targets[picked])
         accuracy = (logits.argmax(-1) == targets[picked]).float().mean()
-        metrics = {"text/ntp_loss": ntp.detach(), "text/accuracy": accuracy.detach(), "text/tokens": n.float()}
+        metrics = {
+            "text/ntp_loss": ntp.detach(),
+            "text/accuracy": accuracy.detach(),
+            "text/tokens": n.float(),
+        }
         loss = ntp
         if self.mtp_depth:
             mtp_losses = []
             state = hidden
             for k, module in enumerate(self.mtp, start=1):
-                # Depth k at position i reads t_{i+k} (= target at i+k-1) and predicts t_{i+k+1} (= target at i+k).
+                # Depth k at position i reads t_{i+k} (the target at i+k-1) and predicts t_{i+k+1} (at i+k).
                 # Both must exist and stay in the document, which the ignore markers at document ends ensure.
                 next_tokens = shift_left(targets, k - 1, IGNORE_INDEX)
                 mtp_targets = shift_left(targets, k, IGNORE_INDEX)

@@ -75,7 +75,10 @@ class UnifiedModel(Configurable, nn.Module):
         return self.text_embed(ids)
 
     def forward(
-        self, batch: GroupBatch, elastic: ElasticConfig | None = None, routing: dict[int, Tensor] | None = None
+        self,
+        batch: GroupBatch,
+        elastic: ElasticConfig | None = None,
+        routing: dict[int, Tensor] | None = None,
     ) -> ModelOutput:
         out = self.backbone(self.embed(batch), batch, elastic=elastic, routing=routing)
         heads = {"text": self.text_head(out.hidden, batch, out.context, self.text_embed)}

@@ -28,7 +28,9 @@ class ExpertBiasUpdate(L.Callback):
     def __init__(self, gamma: float = 1e-3) -> None:
         self.gamma = gamma
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
+    ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
         routers = [m for m in pl_module.modules() if isinstance(m, Router) and m.balancing == "aux_free"]
@@ -62,7 +64,9 @@ class SampleGenerations(L.Callback):
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         was_training = pl_module.training
         pl_module.eval()
-        outputs = pl_module.model.generate(prompts, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator=generator)
+        outputs = pl_module.model.generate(
+            prompts, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator=generator
+        )
         pl_module.train(was_training)
         texts = [datamodule.decode(ids) for ids in outputs]
         scores = [datamodule.score_text(t) for t in texts]

@@ -21,7 +21,7 @@ from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingConfig:
     """How `predict` and the sample callback generate text."""
 
@@ -109,7 +109,9 @@ class UnifiedPretraining(L.LightningModule):
         backbone = self.model.backbone
         elastic = None
         if split == "train" and self.elastic is not None:
-            elastic = self.elastic.sample(self.global_step, backbone.n_layers, backbone.n_experts, backbone.top_k)
+            elastic = self.elastic.sample(
+                self.global_step, backbone.n_layers, backbone.n_experts, backbone.top_k
+            )
         out = self.model(batch, elastic=elastic)
         if not torch.isfinite(out.loss):
             # Stop before the optimiser step: the weights (and any checkpoint) stay as they were.
@@ -124,13 +126,20 @@ class UnifiedPretraining(L.LightningModule):
         if out.backbone.router:
             logs[f"{split}/aux_loss"] = out.backbone.aux_loss.detach()
             logs[f"{split}/z_loss"] = out.backbone.z_loss.detach()
-            logs.update({f"{split}/{k}": v for k, v in router_statistics(out.backbone, batch, backbone.n_experts).items()})
+            logs.update(
+                {
+                    f"{split}/{k}": v
+                    for k, v in router_statistics(out.backbone, batch, backbone.n_experts).items()
+                }
+            )
         if elastic is not None:
             depth = backbone.n_layers if elastic.layers is None else len(elastic.layers)
             logs["train/elastic_depth"] = float(depth)
             logs["train/elastic_top_k"] = float(elastic.top_k or backbone.top_k)
         on_step = split == "train"
-        self.log_dict(logs, on_step=on_step, on_epoch=not on_step, batch_size=batch.batch_size, sync_dist=not on_step)
+        self.log_dict(
+            logs, on_step=on_step, on_epoch=not on_step, batch_size=batch.batch_size, sync_dist=not on_step
+        )
         if on_step:
             self.log("loss", out.loss.detach(), prog_bar=True, logger=False, batch_size=batch.batch_size)
         return out.loss

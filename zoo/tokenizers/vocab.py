@@ -113,7 +113,9 @@ class UnifiedVocab:
     def text_to_unified(self, ids: Tensor | list[int]) -> Tensor:
         ids = torch.as_tensor(ids, dtype=torch.long)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.text_size):
-            raise ValueError(f"text ids must lie in 0..{self.text_size - 1}, got {int(ids.min())}..{int(ids.max())}")
+            raise ValueError(
+                f"text ids must lie in 0..{self.text_size - 1}, got {int(ids.min())}..{int(ids.max())}"
+            )
         return ids + self.text_offset
 
     def unified_to_text(self, ids: Tensor | list[int]) -> Tensor:
@@ -131,7 +133,9 @@ class UnifiedVocab:
         bad = (ids < allowed.start) | (ids >= allowed.stop)
         if bool(bad.any()):
             first = int(ids[bad].flatten()[0])
-            raise ValueError(f"token id {first} is outside the allowed range {allowed.start}..{allowed.stop - 1}")
+            raise ValueError(
+                f"token id {first} is outside the allowed range {allowed.start}..{allowed.stop - 1}"
+            )
 
     def modality_of(self, token_id: int) -> str:
         if 0 <= token_id < self.num_special:
