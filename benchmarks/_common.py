@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -54,7 +55,23 @@ def machine_info(threads: int) -> dict[str, object]:
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "matmul_16x128_us": round(statistics.median(times) * 1e6, 1),
         "torch": torch.__version__,
+        "git": git_revision(),
     }
+
+
+def git_revision() -> str:
+    """The checkout's commit, `+dirty` when zoo/ has uncommitted changes (results depend on them)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    try:
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--", "zoo")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
 
 
 def time_interleaved(
