@@ -22,12 +22,11 @@ def group_mask_figure(path: Path) -> None:
     doc = [0] * 10 + [1, 1, 1] + [PAD_DOC, PAD_DOC]
     g, d = torch.tensor([group]), torch.tensor([doc])
     mask = group_attention_mask(d, g, d, g, query_offset=0)[0, 0].float()
+    ticks = [f"{lab} g{gi} d{di}" for lab, gi, di in zip(labels, group, doc, strict=True)]
     fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
     ax.imshow(mask, cmap="Blues", vmin=0, vmax=1.3)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_yticks(
-        range(len(labels)), [f"{lab} g{gi} d{di}" for lab, gi, di in zip(labels, group, doc)], fontsize=7
-    )
+    ax.set_yticks(range(len(labels)), ticks, fontsize=7)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position (label, group id, document id)")
     ax.set_title(
