@@ -187,10 +187,13 @@ def test_left_padding_does_not_change_a_prompts_continuation():
 def test_speculative_mtp_decoding_equals_greedy_decoding():
     model = small_model(dtype=torch.float64)
     greedy = model.generate([[1, 20, 21]], 24, temperature=0, stop_ids=())[0]
-    # A model that never emits <eos> in 24 steps is needed for a full-length comparison.
-    assert model.vocab.eos_id not in greedy
-    speculative, acceptance = speculative_generate(model, [1, 20, 21], 24)
+    speculative, acceptance = speculative_generate(model, [1, 20, 21], 24, stop_ids=())
     assert speculative == greedy
+    # Stopping: both stop right after the same stop token (here: the 5th greedy token).
+    stop = (greedy[4],)
+    expected = greedy[: greedy.index(stop[0]) + 1]
+    assert speculative_generate(model, [1, 20, 21], 24, stop_ids=stop)[0] == expected
+    assert model.generate([[1, 20, 21]], 24, temperature=0, stop_ids=stop)[0] == expected
     assert 0.0 <= acceptance <= 1.0
 
 

@@ -388,13 +388,18 @@ class UnifiedTransformer(Configurable, nn.Module):
             raise ValueError(f"layer index {max(layers)} out of range for {self.n_layers} layers")
         experts = list(range(self.n_experts)) if config.experts is None else list(config.experts)
         top_k = config.top_k or min(self.top_k, len(experts))
-        small = copy.deepcopy(self)
-        small.layers = nn.ModuleList()
+        kept = nn.ModuleList()
         for i in layers:
-            block = copy.deepcopy(self.layers[i])
+            block = self.layers[i]
             if block.is_moe:
+                # Copy the block without its experts, then give it the extracted layer.
+                block = copy.deepcopy(block, memo={id(block.ffn): None})
                 block.ffn = self.layers[i].ffn.extract(experts, top_k)
-            small.layers.append(block)
+            else:
+                block = copy.deepcopy(block)
+            kept.append(block)
+        # The memo swaps the layer list for the kept one, so no dropped layer is ever copied.
+        small = copy.deepcopy(self, memo={id(self.layers): kept})
         small.n_layers = len(layers)
         small.n_dense_layers = sum(1 for i in layers if i < self.n_dense_layers)
         small.n_experts, small.top_k = len(experts), top_k

@@ -140,13 +140,13 @@ def generate_text(
 
 @torch.no_grad()
 def speculative_generate(
-    model: UnifiedModel, prompt: list[int], max_new_tokens: int
+    model: UnifiedModel, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | None = None
 ) -> tuple[list[int], float]:
     """Greedy decoding with the first MTP module drafting one token ahead (self-speculation).
 
     Each round runs the backbone once on [pending, draft]: if the backbone's own greedy choice after
     `pending` equals the draft, two tokens are accepted from one pass. The output is exactly greedy
-    decoding's. Returns (tokens, acceptance rate of drafts).
+    decoding's, stop ids included (default `<eos>`; `()` never stops). Returns (tokens, acceptance rate).
     """
     if model.text_head.mtp_depth == 0:
         raise ValueError("speculative decoding needs an MTP module (mtp_depth >= 1)")
@@ -156,7 +156,7 @@ def speculative_generate(
     max_len = len(prompt) + max_new_tokens + 2
     cache = backbone.new_cache(1, max_len)
     mtp_cache = KVCache(1, 1, backbone.n_kv_heads, max_len, backbone.head_dim, cache.k.dtype, device)
-    eos = model.vocab.eos_id
+    stops = set((model.vocab.eos_id,) if stop_ids is None else stop_ids)
 
     def run(ids: list[int], start: int) -> Tensor:
         index = torch.arange(start, start + len(ids), device=device)[None]
@@ -182,7 +182,7 @@ def speculative_generate(
     # MTP position i needs t_{i+1}: the prompt's positions take their successors, the last takes `pending`.
     guess = draft(hidden, prompt[1:] + [pending], 0)
     proposed = accepted = 0
-    while len(out) < max_new_tokens and out[-1] != eos:
+    while len(out) < max_new_tokens and out[-1] not in stops:
         n = cache.length
         hidden = run([pending, guess], n)
         logits = model.text_head.logits(hidden[0])
@@ -190,10 +190,10 @@ def speculative_generate(
         proposed += 1
         if verified == guess:
             accepted += 1
-            out.extend([guess, after][: max_new_tokens - len(out)])
-            if guess == eos:
-                out = out[: out.index(eos) + 1]
+            if guess in stops:
+                out.append(guess)
                 break
+            out.extend([guess, after][: max_new_tokens - len(out)])
             guess = draft(hidden, [guess, after], n)
             pending = after
         else:

@@ -313,12 +313,7 @@ def _top_k_indices(scores: Tensor, k: int) -> Tensor:
 
 
 class Experts(nn.Module):
-    """E fine-grained SwiGLU experts: w1 (gate) and w3 (up) [E, D, H] stored fused as w13, w2 [E, H, D].
-
-    Storing w1 and w3 side by side as one [E, D, 2H] tensor makes the first projection one grouped
-    product with twice the columns: a third fewer GEMM calls per step than two products, with no
-    per-step concatenation. `w1` and `w3` remain available as views.
-    """
+    """E fine-grained SwiGLU experts with stacked weights w1, w3 [E, D, H] and w2 [E, H, D]."""
 
     def __init__(self, n_experts: int, dim: int, hidden: int) -> None:
         """
@@ -329,20 +324,11 @@ class Experts(nn.Module):
         """
         super().__init__()
         self.n_experts, self.dim, self.hidden = n_experts, dim, hidden
-        self.w13 = nn.Parameter(torch.empty(n_experts, dim, 2 * hidden))
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
-        for w in (self.w13, self.w2):
+        for w in (self.w1, self.w3, self.w2):
             nn.init.normal_(w, std=_INIT_STD)
-
-    @property
-    def w1(self) -> Tensor:
-        """Gate projections [E, D, H] (a view of w13)."""
-        return self.w13[..., : self.hidden]
-
-    @property
-    def w3(self) -> Tensor:
-        """Up projections [E, D, H] (a view of w13)."""
-        return self.w13[..., self.hidden :]
 
     def forward(self, x_sorted: Tensor, counts: Tensor, weights: Tensor | None = None) -> Tensor:
         """x_sorted [M, D] grouped by expert, counts [E] long rows per expert -> [M, D].
@@ -354,9 +340,9 @@ class Experts(nn.Module):
             raise ValueError(f"counts has shape {tuple(counts.shape)}: expected [{self.n_experts}]")
         offsets = counts.cumsum(0, dtype=torch.int32)
         # Under autocast x arrives in low precision while the weights stay fp32, as nn.Linear's would.
-        w13, w2 = self.w13.to(x_sorted.dtype), self.w2.to(x_sorted.dtype)
-        gate_up = grouped_matmul(x_sorted, w13, counts, offsets)
-        h = F.silu(gate_up[:, : self.hidden]) * gate_up[:, self.hidden :]
+        w1, w3, w2 = (w.to(x_sorted.dtype) for w in (self.w1, self.w3, self.w2))
+        gate = grouped_matmul(x_sorted, w1, counts, offsets)
+        h = F.silu(gate) * grouped_matmul(x_sorted, w3, counts, offsets)
         if weights is not None:
             h = h * weights.unsqueeze(-1)
         return grouped_matmul(h, w2, counts, offsets)
@@ -459,8 +445,8 @@ class MoEFeedForward(nn.Module):
         with torch.no_grad():
             small.router.gate.weight.copy_(router.gate.weight.index_select(0, keep))
             small.router.expert_bias.copy_(router.expert_bias.index_select(0, keep))
-            small.experts.w13.copy_(experts.w13.index_select(0, keep))
-            small.experts.w2.copy_(experts.w2.index_select(0, keep))
+            for name in ("w1", "w3", "w2"):
+                getattr(small.experts, name).copy_(getattr(experts, name).index_select(0, keep))
             if self.shared is not None:
                 small.shared.load_state_dict(self.shared.state_dict())
         return small

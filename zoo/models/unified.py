@@ -87,9 +87,8 @@ class UnifiedModel(Configurable, nn.Module):
 
     def extract(self, config: ElasticConfig) -> UnifiedModel:
         """A standalone model of the sub-model `config` selects; embedders and heads are kept whole."""
-        small = copy.deepcopy(self)
-        small.backbone = self.backbone.extract(config)
-        return small
+        # The memo hands deepcopy the extracted backbone: the full one is never copied.
+        return copy.deepcopy(self, memo={id(self.backbone): self.backbone.extract(config)})
 
     @torch.no_grad()
     def generate(
