@@ -6,6 +6,8 @@ Forward + backward tokens/s of `MoEFeedForward` against
   (b) a dense SwiGLU with the same active FLOPs (hidden = top_k * expert_hidden).
 The three run interleaved, after a warm-up, and the median of the repeats is reported, so noise from a
 shared machine hits all of them alike. Progress goes to stderr; the last stdout line is one JSON object.
+Unlike the other benchmarks it keeps torch's default thread count (dense GEMMs use both cores, so the
+dense ratio is the honest one); `--threads 1` is far less sensitive to other work on a shared machine.
 
     .venv/bin/python benchmarks/moe_dispatch.py [--tokens 4096 --experts 64 ...]
 """
@@ -13,10 +15,7 @@ shared machine hits all of them alike. Progress goes to stderr; the last stdout 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e` works too
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, log, machine_info, time_interleaved  # noqa: E402
+
 from zoo.models.moe import MoEFeedForward, SwiGLU  # noqa: E402
 
 
@@ -58,13 +59,18 @@ class LoopMoE(nn.Module):
         return out
 
 
-def train_step(module: nn.Module, forward: Callable[[], list[Tensor]], grads: list[Tensor]) -> float:
-    for p in module.parameters():
-        p.grad = None
-    start = time.perf_counter()
-    outputs = forward()
-    torch.autograd.backward(outputs, grads)
-    return time.perf_counter() - start
+def train_step(
+    module: nn.Module, x: Tensor, forward: Callable[[], list[Tensor]], grads: list[Tensor]
+) -> Callable[[], None]:
+    """One forward + backward with fresh gradients (clearing them costs microseconds)."""
+
+    def step() -> None:
+        for p in module.parameters():
+            p.grad = None
+        x.grad = None
+        torch.autograd.backward(forward(), grads)
+
+    return step
 
 
 def main() -> None:
@@ -77,12 +83,11 @@ def main() -> None:
     parser.add_argument("--expert-hidden", type=int, default=128)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    machine = machine_info(args.threads if args.threads > 0 else torch.get_num_threads())
     torch.manual_seed(args.seed)
 
     moe = MoEFeedForward(args.dim, args.experts, args.expert_hidden, args.top_k)
@@ -90,58 +95,44 @@ def main() -> None:
     dense = SwiGLU(args.dim, args.top_k * args.expert_hidden)
     x = torch.randn(args.tokens, args.dim, requires_grad=True)
     grad_out = torch.randn(args.tokens, args.dim)
-    one = torch.ones(())
+    with torch.no_grad():
+        max_abs_diff = (moe(x).out - loop(x)).abs().max().item()
+    log(f"ours vs loop max |diff| = {max_abs_diff:.2e}; {machine}")
 
     def ours() -> list[Tensor]:
         o = moe(x)  # its backward includes the router's aux and z losses: a real training step pays them
         return [o.out, o.router.aux_loss + o.router.z_loss]
 
-    cases: dict[str, tuple[nn.Module, Callable[[], list[Tensor]], list[Tensor]]] = {
-        "ours": (moe, ours, [grad_out, one]),
-        "loop": (loop, lambda: [loop(x)], [grad_out]),
-        "dense": (dense, lambda: [dense(x)], [grad_out]),
+    variants = {
+        "ours": train_step(moe, x, ours, [grad_out, torch.ones(())]),
+        "loop": train_step(loop, x, lambda: [loop(x)], [grad_out]),
+        "dense": train_step(dense, x, lambda: [dense(x)], [grad_out]),
     }
-    with torch.no_grad():
-        max_abs_diff = (moe(x).out - loop(x)).abs().max().item()
-    print(f"ours vs loop max |diff| = {max_abs_diff:.2e}", file=sys.stderr)
-
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for i in range(args.warmup + args.repeats):
-        names = list(cases)
-        names = names[i % len(names) :] + names[: i % len(names)]  # rotate who goes first
-        for name in names:
-            module, forward, grads = cases[name]
-            elapsed = train_step(module, forward, grads)
-            x.grad = None
-            if i >= args.warmup:
-                times[name].append(elapsed)
-        if i >= args.warmup:
-            done = i - args.warmup + 1
-            line = " ".join(f"{n}={statistics.median(t) * 1e3:.1f}ms" for n, t in times.items())
-            print(f"repeat {done}/{args.repeats}: median {line}", file=sys.stderr)
-
-    tps = {name: args.tokens / statistics.median(t) for name, t in times.items()}
-    result = {
-        "benchmark": "moe_dispatch",
-        "tokens_per_s": round(tps["ours"], 1),
-        "loop_tokens_per_s": round(tps["loop"], 1),
-        "dense_tokens_per_s": round(tps["dense"], 1),
-        "speedup_vs_loop": round(tps["ours"] / tps["loop"], 3),
-        "fraction_of_dense": round(tps["ours"] / tps["dense"], 3),
-        "max_abs_diff_vs_loop": max_abs_diff,
-        "tokens": args.tokens,
-        "dim": args.dim,
-        "experts": args.experts,
-        "expert_hidden": args.expert_hidden,
-        "top_k": args.top_k,
-        "dense_hidden": args.top_k * args.expert_hidden,
-        "dtype": "float32",
-        "threads": torch.get_num_threads(),
-        "warmup": args.warmup,
-        "repeats": args.repeats,
-        "torch": torch.__version__,
-    }
-    print(json.dumps(result))
+    seconds, _, spread = time_interleaved(variants, args.warmup, args.repeats)
+    tps = {name: args.tokens / s for name, s in seconds.items()}
+    log("median ms: " + ", ".join(f"{name} {s * 1e3:.1f}" for name, s in seconds.items()))
+    emit(
+        {
+            "benchmark": "moe_dispatch",
+            "tokens_per_s": round(tps["ours"], 1),
+            "loop_tokens_per_s": round(tps["loop"], 1),
+            "dense_tokens_per_s": round(tps["dense"], 1),
+            "speedup_vs_loop": round(tps["ours"] / tps["loop"], 3),
+            "fraction_of_dense": round(tps["ours"] / tps["dense"], 3),
+            "max_abs_diff_vs_loop": max_abs_diff,
+            "timing_spread": spread,
+            "tokens": args.tokens,
+            "dim": args.dim,
+            "experts": args.experts,
+            "expert_hidden": args.expert_hidden,
+            "top_k": args.top_k,
+            "dense_hidden": args.top_k * args.expert_hidden,
+            "dtype": "float32",
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            **machine,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -100,6 +100,27 @@ def test_moe_runs_in_float64_and_with_dims_the_grouped_kernel_rejects() -> None:
     torch.testing.assert_close(moe(x64).out, reference_moe(moe, x64))
 
 
+def test_experts_gradients_pass_gradcheck_with_an_empty_expert() -> None:
+    torch.manual_seed(0)
+    experts = Experts(3, 4, 5).double()
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    weights = torch.rand(6, dtype=torch.float64, requires_grad=True)
+    counts = torch.tensor([2, 0, 4])
+    params = (experts.w1, experts.w3, experts.w2)
+    assert torch.autograd.gradcheck(lambda x, w, *_: experts(x, counts, w), (x, weights, *params))
+    torch.testing.assert_close(experts(x, counts), experts(x, counts, torch.ones(6, dtype=torch.float64)))
+
+
+def test_bfloat16_input_runs_and_returns_bfloat16() -> None:
+    moe = make_moe()
+    x = torch.randn(2, 5, DIM)
+    with torch.no_grad():
+        want = moe(x).out
+        got = moe.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert got.out.dtype == torch.bfloat16 and got.router.weights.dtype == torch.bfloat16
+    assert float((got.out.float() - want).abs().max() / want.abs().max()) < 0.05
+
+
 def test_router_forward_takes_no_modality_argument() -> None:
     params = list(inspect.signature(Router.forward).parameters)
     assert params == ["self", "x", "top_k", "expert_mask", "forced_indices"]
