@@ -230,6 +230,7 @@ def test_forced_indices_are_validated() -> None:
 def test_update_bias_moves_towards_underloaded_experts_and_keeps_mean_zero() -> None:
     router = Router(DIM, 4, 1, score_func="sigmoid", balancing="aux_free")
     router.tokens_per_expert.copy_(torch.tensor([10.0, 2.0, 5.0, 3.0]))  # mean load 5
+    router.calls_available.fill_(1.0)  # one routing call, every expert available
     load = router.update_bias(0.1)
     assert torch.equal(load, torch.tensor([10.0, 2.0, 5.0, 3.0]))
     b = router.expert_bias
@@ -237,6 +238,19 @@ def test_update_bias_moves_towards_underloaded_experts_and_keeps_mean_zero() -> 
     torch.testing.assert_close(b[1] - b[0], torch.tensor(0.2))
     assert abs(float(b.mean())) < 1e-7
     assert router.tokens_per_expert.sum() == 0
+
+
+def test_update_bias_ignores_experts_that_elastic_width_dropped() -> None:
+    torch.manual_seed(0)
+    moe = MoEFeedForward(DIM, 8, 16, 2, balancing="aux_free").train()
+    moe(torch.randn(64, DIM), expert_mask=expert_mask_of([0, 1, 2, 3], 8))
+    load = moe.router.update_bias(1e-3)
+    bias = moe.router.expert_bias
+    # Dropped experts were never choosable: their zero load is no signal, so only re-centring moves them,
+    # and the kept ones are compared among themselves (the busiest goes down, the idlest up).
+    assert bias[4:].abs().max() < 1e-3 / 2
+    assert bias[int(load[:4].argmax())] < 0 < bias[int(load[:4].argmin())]
+    assert abs(float(bias.mean())) < 1e-7
 
 
 def test_bias_selects_experts_but_never_changes_gate_weights() -> None:

@@ -126,6 +126,8 @@ class Router(nn.Module):
         nn.init.normal_(self.gate.weight, std=_INIT_STD)
         self.register_buffer("expert_bias", torch.zeros(n_experts))
         self.register_buffer("tokens_per_expert", torch.zeros(n_experts), persistent=False)
+        # In how many routing calls each expert could be chosen (elastic width drops some for a step).
+        self.register_buffer("calls_available", torch.zeros(n_experts), persistent=False)
 
     def forward(
         self,
@@ -157,7 +159,10 @@ class Router(nn.Module):
         logits = self.gate(x).float()
         if expert_mask is not None:
             logits = logits.masked_fill(~expert_mask, float("-inf"))
-        z_loss = self.z_loss_coef * torch.logsumexp(logits, dim=-1).square().mean()
+        # The balancing losses only matter with gradients; decoding skips them (they are a third of its ops).
+        with_losses = torch.is_grad_enabled()
+        zero = logits.new_zeros(())
+        z_loss = self.z_loss_coef * torch.logsumexp(logits, dim=-1).square().mean() if with_losses else zero
         if self.score_func == "softmax":
             probs = logits.softmax(dim=-1)
         else:
@@ -178,10 +183,11 @@ class Router(nn.Module):
         load = torch.bincount(indices.reshape(-1), minlength=n_experts).float()
         if self.training:
             self.tokens_per_expert += load
-        if self.balancing == "aux_loss":
+            self.calls_available += 1.0 if expert_mask is None else expert_mask.float()
+        if self.balancing == "aux_loss" and with_losses:
             aux_loss = self._aux_loss(probs, load, n_tokens * k, n_active)
         else:
-            aux_loss = logits.new_zeros(())
+            aux_loss = zero
         return RouterOutput(indices, weights, probs, aux_loss, z_loss, load)
 
     def _aux_loss(self, probs: Tensor, load: Tensor, n_assignments: int, n_active: int) -> Tensor:
@@ -222,12 +228,20 @@ class Router(nn.Module):
         """
         if self.balancing != "aux_free":
             return self.tokens_per_expert.clone()
-        load = self.tokens_per_expert.clone()
+        load, available = self.tokens_per_expert.clone(), self.calls_available.clone()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(load)
-        self.expert_bias += gamma * torch.sign(load.mean() - load)
-        self.expert_bias -= self.expert_bias.mean()
+            dist.all_reduce(available)
+        # Compare experts by load per call in which they could be chosen: an expert that elastic width
+        # dropped for a step is neither rewarded for its zero load then nor penalised for it.
+        seen = available > 0
+        if bool(seen.any()):
+            rate = load / available.clamp_min(1.0)
+            step = torch.sign(rate[seen].mean() - rate) * seen
+            self.expert_bias += gamma * step
+            self.expert_bias -= self.expert_bias.mean()
         self.tokens_per_expert.zero_()
+        self.calls_available.zero_()
         return load
 
 
@@ -338,14 +352,30 @@ class Experts(nn.Module):
         """
         if counts.shape != (self.n_experts,):
             raise ValueError(f"counts has shape {tuple(counts.shape)}: expected [{self.n_experts}]")
-        offsets = counts.cumsum(0, dtype=torch.int32)
         # Under autocast x arrives in low precision while the weights stay fp32, as nn.Linear's would.
         w1, w3, w2 = (w.to(x_sorted.dtype) for w in (self.w1, self.w3, self.w2))
+        if x_sorted.shape[0] < self.n_experts:
+            return self._few_rows(x_sorted, counts, weights, w1, w3, w2)
+        offsets = counts.cumsum(0, dtype=torch.int32)
         gate = grouped_matmul(x_sorted, w1, counts, offsets)
         h = F.silu(gate) * grouped_matmul(x_sorted, w3, counts, offsets)
         if weights is not None:
             h = h * weights.unsqueeze(-1)
         return grouped_matmul(h, w2, counts, offsets)
+
+    def _few_rows(
+        self, x: Tensor, counts: Tensor, weights: Tensor | None, w1: Tensor, w3: Tensor, w2: Tensor
+    ):
+        """Fewer rows than experts (decoding): gather each row's expert weights, so the cost follows the
+        rows and the top-k, not E (the grouped kernel on CPU visits every expert, empty or not)."""
+        expert = torch.repeat_interleave(
+            torch.arange(self.n_experts, device=x.device), counts, output_size=len(x)
+        )
+        rows = x.unsqueeze(1)
+        h = F.silu(torch.bmm(rows, w1.index_select(0, expert))) * torch.bmm(rows, w3.index_select(0, expert))
+        if weights is not None:
+            h = h * weights.view(-1, 1, 1)
+        return torch.bmm(h, w2.index_select(0, expert)).squeeze(1)
 
 
 @dataclass

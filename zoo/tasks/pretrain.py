@@ -124,8 +124,9 @@ class UnifiedPretraining(L.LightningModule):
             logs[f"{split}/{name}_loss"] = head.loss.detach()
             logs.update({f"{split}/{k}": v for k, v in head.metrics.items()})
         if out.backbone.router:
-            logs[f"{split}/aux_loss"] = out.backbone.aux_loss.detach()
-            logs[f"{split}/z_loss"] = out.backbone.z_loss.detach()
+            if split == "train":  # the router computes its balancing losses only when gradients flow
+                logs["train/aux_loss"] = out.backbone.aux_loss.detach()
+                logs["train/z_loss"] = out.backbone.z_loss.detach()
             logs.update(
                 {
                     f"{split}/{k}": v
