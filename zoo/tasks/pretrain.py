@@ -8,6 +8,7 @@ sub-model drawn per step, the optimiser and its schedule, and text generation fo
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import lightning as L
@@ -19,6 +20,11 @@ from zoo.config import to_config
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
+
+
+# Lightning suggests ignoring injected modules in save_hyperparameters; doing so breaks load_from_checkpoint
+# (DESIGN.md), and the task stores their config instead of the objects, so the advice does not apply.
+warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
 
 
 @dataclass(frozen=True)
