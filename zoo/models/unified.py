@@ -17,6 +17,7 @@ from zoo.batch import GroupBatch, Modality
 from zoo.config import Configurable
 from zoo.models.backbone import BackboneOutput, UnifiedTransformer
 from zoo.models.elastic import ElasticConfig
+from zoo.models.generation import generate_text
 from zoo.models.heads import HeadOutput, TextHead
 from zoo.models.moe import SwiGLU
 from zoo.tokenizers.vocab import UnifiedVocab
@@ -104,8 +105,6 @@ class UnifiedModel(Configurable, nn.Module):
         generator: torch.Generator | None = None,
     ) -> list[list[int]]:
         """Sample text continuations of unified-id prompts; see `zoo.models.generation.generate_text`."""
-        from zoo.models.generation import generate_text
-
         return generate_text(
             self, prompts, max_new_tokens, temperature, top_k, top_p, elastic, use_cache, stop_ids, generator
         )

@@ -21,7 +21,6 @@ from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
 
-
 # Lightning suggests ignoring injected modules in save_hyperparameters; doing so breaks load_from_checkpoint
 # (DESIGN.md), and the task stores their config instead of the objects, so the advice does not apply.
 warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
