@@ -5,10 +5,14 @@ zoo fit --config configs/quickstart.yaml --print_config
 zoo predict --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
 zoo train-tokenizer --files corpus.txt --vocab_size 8192 --out tokenizer.json
 zoo models                                          # presets with total and active parameters
+zoo export --checkpoint last.ckpt --out exported/ [--depth 0.5 --width 0.5 --topk 0.5]
+zoo push --checkpoint last.ckpt --repo_id user/zoo-tiny [--token T] [--private]
+zoo pull --repo_id user/zoo-tiny --out pulled/
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import lightning as L
@@ -17,6 +21,10 @@ from lightning.pytorch.cli import LightningCLI
 EXTRA_COMMANDS = {
     "train-tokenizer": "train a byte-level BPE tokenizer on text files",
     "models": "list the model presets with their parameter counts",
+    "export": "write a (optionally elastic-extracted) checkpoint as a standalone hub directory",
+    "extract": "same as export",
+    "push": "publish a checkpoint's model and tokenizer to the Hugging Face Hub",
+    "pull": "download a published model into a directory and check that it loads",
 }
 
 
@@ -52,6 +60,78 @@ def models_main(argv: list[str]) -> None:
         )
 
 
+def _parser(command: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"zoo {command}", description=EXTRA_COMMANDS[command])
+
+
+def _add_hub_metadata(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--datasets", nargs="*", default=[], help="training data names for the model card")
+    parser.add_argument("--license", default=None, help="SPDX license id for the model card")
+
+
+def export_main(argv: list[str], command: str = "export") -> None:
+    """Checkpoint -> `save_pretrained` directory; depth/width/topk fractions below 1 extract a sub-model."""
+    from zoo.hub import load_lightning_checkpoint, save_pretrained
+    from zoo.models.elastic import ElasticConfig
+
+    parser = _parser(command)
+    parser.add_argument("--checkpoint", required=True, help="a Lightning checkpoint of UnifiedPretraining")
+    parser.add_argument("--out", required=True, help="directory to write")
+    for name in ("depth", "width", "topk"):
+        parser.add_argument(f"--{name}", type=float, default=1.0, help=f"{name} fraction in (0, 1]")
+    _add_hub_metadata(parser)
+    args = parser.parse_args(argv)
+    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
+    backbone = model.backbone
+    elastic = ElasticConfig.from_fractions(
+        backbone.n_layers, backbone.n_experts, backbone.top_k, args.depth, args.width, args.topk
+    )
+    if not elastic.is_full:
+        print("extracting " + elastic.describe(backbone.n_layers, backbone.n_experts, backbone.top_k))
+        model = model.extract(elastic)
+    out = save_pretrained(model, args.out, tokenizer, datasets=args.datasets, license=args.license)
+    total, active = model.num_parameters(), model.num_parameters(active=True)
+    print(f"wrote {out} ({total:,} parameters, {active:,} active)")
+
+
+def push_main(argv: list[str]) -> None:
+    from zoo.hub import load_lightning_checkpoint, push_to_hub
+
+    parser = _parser("push")
+    parser.add_argument("--checkpoint", required=True, help="a Lightning checkpoint of UnifiedPretraining")
+    parser.add_argument("--repo_id", required=True, help="user/name on the hub")
+    parser.add_argument("--token", default=None, help="hub token (default: the saved login / HF_TOKEN)")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    _add_hub_metadata(parser)
+    args = parser.parse_args(argv)
+    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
+    url = push_to_hub(
+        model, args.repo_id, tokenizer, token=args.token, private=args.private, datasets=args.datasets,
+        license=args.license,
+    )
+    print(f"pushed {args.repo_id}: {url}")
+
+
+def pull_main(argv: list[str]) -> None:
+    from huggingface_hub import snapshot_download
+
+    from zoo.hub import CARD_NAME, CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, from_pretrained
+
+    parser = _parser("pull")
+    parser.add_argument("--repo_id", required=True, help="user/name on the hub")
+    parser.add_argument("--out", required=True, help="directory to write")
+    parser.add_argument("--revision", default=None, help="branch, tag or commit")
+    parser.add_argument("--token", default=None, help="hub token for private repos")
+    parser.add_argument("--endpoint", default=None, help="another hub than HF_ENDPOINT (a mirror)")
+    args = parser.parse_args(argv)
+    out = snapshot_download(
+        args.repo_id, revision=args.revision, token=args.token, local_dir=args.out, endpoint=args.endpoint,
+        allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, CARD_NAME],
+    )
+    model = from_pretrained(out)  # refuses a config outside the allow-list or weights that do not fit
+    print(f"pulled {args.repo_id} into {out} ({model.num_parameters():,} parameters)")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "train-tokenizer":
@@ -61,6 +141,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     if argv and argv[0] == "models":
         models_main(argv[1:])
+        return
+    if argv and argv[0] in ("export", "extract"):
+        export_main(argv[1:], argv[0])
+        return
+    if argv and argv[0] == "push":
+        push_main(argv[1:])
+        return
+    if argv and argv[0] == "pull":
+        pull_main(argv[1:])
         return
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)

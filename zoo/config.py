@@ -23,6 +23,12 @@ class _FromAttribute:
     def __repr__(self) -> str:
         return "<attribute>"
 
+    def __copy__(self) -> _FromAttribute:
+        return self  # a singleton: `to_config` recognises it by identity, copies included
+
+    def __deepcopy__(self, memo: dict) -> _FromAttribute:
+        return self
+
 
 FROM_ATTRIBUTE = _FromAttribute()
 
