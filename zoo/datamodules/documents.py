@@ -3,12 +3,16 @@ tokenizer persistence in the checkpoint, and packing into group batches at colla
 
 Reproducibility is by construction: the order of an epoch is a function of (seed, epoch) and a
 document's BPE-dropout draw a function of (seed, epoch, index), so a run resumed from a checkpoint
-sees exactly the data the uninterrupted run would have seen.
+sees exactly the data the uninterrupted run would have seen. A checkpoint written mid-epoch also
+records how many batches of the epoch were consumed (`ResumableDataLoader`), and the resumed epoch
+starts after them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
 
 import lightning as L
 import torch
@@ -29,19 +33,67 @@ class EpochShuffleSampler(Sampler[tuple[int, int]]):
 
     def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
         self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+        self.skip = 0  # indices the next iteration leaves out, once: the part of an epoch already trained
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.epoch
+        epoch, skip, self.skip = self.epoch, self.skip, 0
         if not self.shuffle:
-            return iter((i, epoch) for i in range(self.n))
+            return iter((i, epoch) for i in range(skip, self.n))
         g = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-        return iter((i, epoch) for i in torch.randperm(self.n, generator=g).tolist())
+        return iter((i, epoch) for i in torch.randperm(self.n, generator=g).tolist()[skip:])
 
     def __len__(self) -> int:
         return self.n
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that Lightning can checkpoint mid-epoch.
+
+    Lightning saves `state_dict()` of every train loader that has `state_dict`/`load_state_dict` and
+    restores it on resume, but by itself it restarts the epoch's iteration from the first batch. This
+    loader records (epoch, batches handed out in that epoch); after `load_state_dict` the next iteration
+    of that same epoch starts after them. Counting here rather than in the sampler is what makes the
+    count exact: with workers the sampler runs ahead of the batches training has consumed.
+    """
+
+    _epoch, _delivered = 0, 0
+    _resume: tuple[int, int] | None = None
+
+    def _current_epoch(self) -> int:
+        return int(getattr(self.sampler, "epoch", 0))
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: nothing is drawn before the first batch is asked for, i.e. after Lightning's
+        # `set_epoch`, so the (index, epoch) pairs (and the skip) follow the epoch being trained.
+        epoch, skip = self._current_epoch(), 0
+        if self._resume is not None:
+            resume_epoch, skip = self._resume
+            self._resume = None
+            skip = skip if resume_epoch == epoch else 0
+        self._epoch, self._delivered = epoch, skip
+        if isinstance(self.sampler, EpochShuffleSampler):
+            self.sampler.skip = skip * (self.batch_size or 1)  # skip indices: no documents are made
+            batches = super().__iter__()
+        else:  # a sampler replaced by Lightning (e.g. distributed): make the batches and drop them
+            batches = islice(super().__iter__(), skip, None)
+        for batch in batches:
+            self._delivered += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "batches": self._delivered}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if not {"epoch", "batches"} <= set(state_dict):
+            raise ValueError(
+                f"a train dataloader state needs 'epoch' and 'batches', got {sorted(state_dict)}"
+            )
+        epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
+        # A finished epoch leaves nothing to skip: the next epoch starts from its first batch.
+        self._resume = (epoch, batches) if 0 < batches < len(self) else None
 
 
 class DocumentDataset(Dataset[Document]):
@@ -148,7 +200,7 @@ class DocumentDataModule(L.LightningDataModule):
         if split not in self.datasets:
             raise RuntimeError(f"no {split} data: call setup() first or give {split} files")
         dataset = self.datasets[split]
-        return DataLoader(
+        return (ResumableDataLoader if split == "train" else DataLoader)(
             dataset,
             batch_size=self.batch_size,
             sampler=dataset.sampler,

@@ -57,17 +57,20 @@ class SampleGenerations(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule
-        if datamodule is None or not hasattr(datamodule, "prompt_ids") or not trainer.is_global_zero:
+        if datamodule is None or not hasattr(datamodule, "prompt_ids"):
             return
-        s = pl_module.sampling
+        # Every rank generates (a sharded model's forward needs all of them, same seed, same prompts);
+        # only rank 0 reports.
         prompts = [datamodule.prompt_ids("") for _ in range(self.num_samples)]
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         was_training = pl_module.training
         pl_module.eval()
-        outputs = pl_module.model.generate(
-            prompts, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator=generator
-        )
+        outputs = pl_module.sample(prompts, generator)
         pl_module.train(was_training)
+        # `trainer.log_dir` broadcasts from rank 0: every rank must ask, or the next collective deadlocks.
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        if not trainer.is_global_zero:
+            return
         texts = [datamodule.decode(ids) for ids in outputs]
         scores = [datamodule.score_text(t) for t in texts]
         names = sorted({k for sc in scores for k in sc})
@@ -85,7 +88,6 @@ class SampleGenerations(L.Callback):
         if means:
             console.print("  ".join(f"{n}: {v:.0%}" for n, v in means.items()))
 
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         lines = [f"# Samples after {trainer.global_step} steps", ""]
         lines += ["| # | generated text | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]

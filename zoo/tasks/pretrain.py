@@ -20,6 +20,7 @@ from zoo.config import to_config
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
+from zoo.parallel import Parallelism, gathered, is_sharded, parallelize
 
 # Lightning suggests ignoring injected modules in save_hyperparameters; doing so breaks load_from_checkpoint
 # (DESIGN.md), and the task stores their config instead of the objects, so the advice does not apply.
@@ -74,6 +75,7 @@ class UnifiedPretraining(L.LightningModule):
         warmup_steps: linear warm-up, then cosine decay to `min_lr_ratio * lr` at the last step.
         min_lr_ratio: the final learning rate as a fraction of `lr`.
         sampling: generation settings of `predict` and the sample callback.
+        parallel: FSDP2, FP8 and activation checkpointing, applied in `configure_model` (zoo.parallel).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class UnifiedPretraining(L.LightningModule):
         warmup_steps: int = 50,
         min_lr_ratio: float = 0.1,
         sampling: SamplingConfig = SamplingConfig(),
+        parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
         # Not ignoring the injected model: ignoring it breaks load_from_checkpoint (DESIGN.md). Built by the
@@ -100,6 +103,11 @@ class UnifiedPretraining(L.LightningModule):
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
         self.sampling = sampling
+        self.parallel = parallel
+
+    def configure_model(self) -> None:
+        # Lightning may call this more than once (fit then test); parallelize skips what is already done.
+        parallelize(self.model, self.parallel, self.device_mesh)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -161,10 +169,24 @@ class UnifiedPretraining(L.LightningModule):
     def test_step(self, batch: GroupBatch, batch_idx: int) -> Tensor:
         return self._step(batch, "test")
 
+    def sample(self, prompts: list[list[int]], generator: torch.Generator | None = None) -> list[list[int]]:
+        """Continuations of unified-id prompts with the `sampling` settings; safe under FSDP2."""
+        s, sharded = self.sampling, is_sharded(self.model)
+        # A sharded forward is a collective: every rank must run as many steps as the others, so no rank
+        # may stop early at <eos>; the outputs are cut at <eos> afterwards instead.
+        stop_ids = () if sharded else None
+        with gathered(self.model) as model:
+            outputs = model.generate(
+                prompts, s.max_new_tokens, s.temperature, s.top_k, s.top_p, None, True, stop_ids, generator
+            )
+        if sharded:
+            eos = self.model.vocab.eos_id
+            outputs = [out[: out.index(eos) + 1] if eos in out else out for out in outputs]
+        return outputs
+
     def predict_step(self, batch: list[list[int]], batch_idx: int) -> list[dict[str, object]]:
         """Generate a continuation of each prompt (unified ids); decoded when the datamodule can decode."""
-        s = self.sampling
-        outputs = self.model.generate(batch, s.max_new_tokens, s.temperature, s.top_k, s.top_p)
+        outputs = self.sample(batch)
         datamodule = getattr(self.trainer, "datamodule", None)
         decode = getattr(datamodule, "decode", None)
         score = getattr(datamodule, "score_text", None)

@@ -1,0 +1,192 @@
+"""Scaling one model over many processes (DESIGN.md, "Scale"): FP8 training, activation checkpointing
+and FSDP2, applied in torchtitan's fixed order by `parallelize`, from a task's `configure_model`.
+
+The models in `zoo.models` know nothing of sharding; everything distributed happens here. The order
+matters: FP8 conversion swaps `nn.Linear` for `Float8Linear` before anything wraps the blocks,
+checkpointing wraps whole blocks, and `fully_shard` comes last, per block then at the root, so each
+block's parameters are gathered just before it runs and freed after. Tensor parallelism is not done
+(the strategy below keeps the tensor-parallel dimension at 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from zoo.models.moe import Router
+from zoo.models.unified import UnifiedModel
+
+# Float8 GEMMs need both matrix dimensions divisible by 16 (the scaled-mm kernels' tile constraint).
+FP8_DIM_MULTIPLE = 16
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How `parallelize` scales the model.
+
+    Args:
+        fsdp: shard parameters, gradients and optimiser state with FSDP2 over the data-parallel ranks
+            (needs `ModelParallelStrategy` or `FSDP2Strategy`, which provide the device mesh).
+        fp8: torchao float8 training of the linear layers the filter admits (`fp8_module_filter`).
+        activation_checkpointing: recompute each transformer block in the backward pass.
+        fp8_all_gather: with fsdp and fp8, all-gather float8 weights (half the bytes of bf16).
+    """
+
+    fsdp: bool = False
+    fp8: bool = False
+    activation_checkpointing: bool = False
+    fp8_all_gather: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fp8_all_gather and not (self.fsdp and self.fp8):
+            raise ValueError("fp8_all_gather=True needs fsdp=True and fp8=True: it is FSDP2's float8 gather")
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Lightning's `ModelParallelStrategy` with every process data-parallel by default.
+
+    The parent's "auto" sizes mean one data-parallel group per node and tensor parallelism inside it;
+    with no tensor parallelism in the zoo that would leave the ranks of a node unsynchronised and
+    feeding on the same data. Here "auto" means world size / tensor_parallel_size.
+
+    Args:
+        data_parallel_size: data-parallel (FSDP) group size; "auto": all processes.
+        tensor_parallel_size: tensor-parallel group size (must stay 1 until the zoo does TP).
+        save_distributed_checkpoint: each rank saves its own shard (DCP) rather than one full file.
+    """
+
+    def __init__(
+        self,
+        data_parallel_size: int | Literal["auto"] = "auto",
+        tensor_parallel_size: int = 1,
+        save_distributed_checkpoint: bool = True,
+    ) -> None:
+        super().__init__(data_parallel_size, tensor_parallel_size, save_distributed_checkpoint)
+
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes // self._tensor_parallel_size
+        super().setup_environment()
+
+
+def high_precision_linears(model: UnifiedModel) -> set[nn.Module]:
+    """Linear layers that stay in high precision whatever their shape: router gates (tiny, and routing
+    decisions are sensitive to rounding), the text head output and the MTP projections (the logits and
+    the first op of each MTP module, which DeepSeek-V3 also keeps in BF16)."""
+    keep: set[nn.Module] = {model.text_head.output}
+    keep.update(m.gate for m in model.modules() if isinstance(m, Router))
+    keep.update(module.proj for module in model.text_head.mtp)
+    return keep
+
+
+def fp8_module_filter(model: UnifiedModel):  # noqa: ANN201 (torchao's (module, fqn) -> bool callable)
+    """The `module_filter_fn` of `convert_to_float8_training`: an `nn.Linear` whose in and out features
+    are multiples of 16 and that is not in `high_precision_linears`. Embeddings are not linears, and the
+    routed experts are stacked `nn.Parameter`s multiplied by grouped GEMMs, so both stay high precision."""
+    keep = high_precision_linears(model)
+
+    def admit(module: nn.Module, fqn: str) -> bool:
+        return (
+            type(module) is nn.Linear
+            and module not in keep
+            and module.in_features % FP8_DIM_MULTIPLE == 0
+            and module.out_features % FP8_DIM_MULTIPLE == 0
+        )
+
+    return admit
+
+
+def transformer_blocks(model: UnifiedModel) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, block) of every transformer block: the backbone's and the MTP modules'."""
+    blocks = [(model.backbone.layers, str(i), block) for i, block in enumerate(model.backbone.layers)]
+    blocks += [(module, "block", module.block) for module in model.text_head.mtp]
+    return blocks
+
+
+def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | None = None) -> UnifiedModel:
+    """Apply `config` to `model` in place, in order: FP8, activation checkpointing, FSDP2. Idempotent:
+    a step already applied (Lightning may call `configure_model` twice) is skipped.
+
+    mesh: the device mesh of `ModelParallelStrategy` (`LightningModule.device_mesh`); FSDP shards over
+    its "data_parallel" dimension.
+    """
+    if config.fp8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
+
+        if not any(isinstance(m, Float8Linear) for m in model.modules()):
+            fp8 = Float8LinearConfig(enable_fsdp_float8_all_gather=config.fp8_all_gather)
+            convert_to_float8_training(model, config=fp8, module_filter_fn=fp8_module_filter(model))
+
+    if config.activation_checkpointing:
+        for parent, name, block in transformer_blocks(model):
+            if not isinstance(block, CheckpointWrapper):
+                # Non-reentrant: arbitrary outputs (RouterOutput) and no requirement that inputs need grad.
+                # The recomputed router adds its load a second time, to calls_available as well, so the
+                # per-call load rates that steer the aux-free bias are unchanged.
+                setattr(parent, name, checkpoint_wrapper(block))
+
+    if mesh is not None and mesh.size() > 1 and not config.fsdp:
+        # ModelParallelStrategy does not wrap the model in DDP: without FSDP no gradient would be reduced.
+        raise ValueError(
+            f"a device mesh of {mesh.size()} processes but Parallelism(fsdp=False): the ranks would train "
+            "apart; set `parallel.fsdp: true` (configs/strategy/fsdp.yaml) or use DDP"
+        )
+    if config.fsdp:
+        if mesh is None:
+            raise ValueError(
+                "Parallelism(fsdp=True) needs a device mesh: train with "
+                "lightning.pytorch.strategies.ModelParallelStrategy or zoo.parallel.FSDP2Strategy"
+            )
+        names = mesh.mesh_dim_names or ()
+        if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+            raise ValueError(
+                f"tensor_parallel_size={mesh['tensor_parallel'].size()}: the zoo does not do tensor "
+                "parallelism yet; set tensor_parallel_size=1 (zoo.parallel.FSDP2Strategy does)"
+            )
+        dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+        if not isinstance(model, FSDPModule):
+            for _, _, block in transformer_blocks(model):
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 has sharded `model` (its parameters are DTensors)."""
+    return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def gathered(model: nn.Module) -> Iterator[nn.Module]:
+    """Generation calls the embedder, backbone blocks and head directly, not the root's forward, so the
+    root's own parameters (embeddings, head, final norm) must be gathered by hand; each block gathers
+    its own in its forward hook. Every rank must enter together. A no-op for an unsharded model."""
+    if not isinstance(model, FSDPModule):
+        yield model
+        return
+    model.unshard()
+    try:
+        yield model
+    finally:
+        model.reshard()
+
+
+__all__ = [
+    "FSDP2Strategy",
+    "Parallelism",
+    "fp8_module_filter",
+    "gathered",
+    "high_precision_linears",
+    "is_sharded",
+    "parallelize",
+    "transformer_blocks",
+]
