@@ -156,7 +156,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict:
         timeout=240,
     )
     assert proc.returncode == 0, f"distributed run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "checkpoint_dir": str(out.parent / "ckpt" / "last.ckpt")}
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +178,21 @@ def test_fsdp2_on_two_processes_reproduces_the_single_process_losses(distributed
 def test_fsdp2_distributed_checkpoint_resumes_to_the_uninterrupted_losses(distributed, single):
     assert distributed["checkpoint_is_a_folder"], "expected a DCP folder, one shard per rank"
     assert distributed["resume"] == pytest.approx(distributed["fsdp"], rel=FSDP_RTOL)
+
+
+def test_a_distributed_checkpoint_consolidates_into_one_safetensors_file(distributed, tmp_path):
+    from zoo.hub import from_pretrained, load_lightning_checkpoint, save_pretrained
+
+    model, _ = load_lightning_checkpoint(distributed["checkpoint_dir"])
+    reference = make_task().model
+    assert model.num_parameters() == reference.num_parameters()
+    # Consolidated weights are the trained ones, not a fresh initialisation.
+    assert not torch.equal(model.text_embed.weight, reference.text_embed.weight)
+    out = save_pretrained(model, tmp_path / "consolidated")
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".safetensors") == ["model.safetensors"]
+    reloaded = from_pretrained(out)
+    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_fsdp2_with_fp8_and_checkpointing_trains_close_to_full_precision(distributed, single):

@@ -374,15 +374,36 @@ def load_tokenizer(
     return TextTokenizer.load(path) if path.is_file() else None
 
 
+def _read_checkpoint(path: Path) -> dict:
+    """A Lightning checkpoint as one dict: a file, or a distributed (DCP) folder, one shard per rank plus
+    Lightning's `meta.pt`, consolidated into full tensors on this process."""
+    if not path.is_dir():
+        return torch.load(path, map_location="cpu", weights_only=True)
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    meta = path / "meta.pt"
+    if not meta.is_file():
+        raise ValueError(f"{path} is a folder but not a Lightning distributed checkpoint (no meta.pt in it)")
+    checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "consolidated.pt"
+        dcp_to_torch_save(path, merged)  # torch's converter: Lightning's own fails on these folders
+        checkpoint["state_dict"] = torch.load(merged, map_location="cpu", weights_only=True)["state_dict"]
+    return checkpoint
+
+
 def load_lightning_checkpoint(path: str | Path) -> tuple[UnifiedModel, TextTokenizer | None]:
-    """The unified model of a `UnifiedPretraining` checkpoint, and the tokenizer the datamodule stored in it.
+    """The unified model of a `UnifiedPretraining` checkpoint (a file, or an FSDP2 distributed folder, which
+    this consolidates), and the tokenizer the datamodule stored in it.
 
     Read with `weights_only=True` (nothing unpickled); the model is rebuilt from the task's `model`
     hyper-parameter through the same allow-list as hub configs, and its weights load with `strict=True`.
     """
     path = Path(path)
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = _read_checkpoint(path)
+    except ValueError:
+        raise
     except Exception as err:
         raise ValueError(f"cannot read checkpoint {path} (truncated, or not weights-only): {err}") from err
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
