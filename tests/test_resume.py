@@ -178,17 +178,18 @@ def test_a_train_loader_state_from_another_epoch_or_a_finished_one_skips_nothing
         train.load_state_dict({"step": 3})
 
 
+def checkpoint_callback(dirpath: Path, every: int) -> dict:
+    """A ModelCheckpoint (as a class_path spec) saving every `every` steps plus last.ckpt."""
+    return {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(dirpath), "every_n_train_steps": every, "save_last": True},
+    }
+
+
 def test_a_run_killed_mid_epoch_resumes_from_the_last_checkpoint_with_the_uninterrupted_losses(tmp_path):
     (tmp_path / "config.yaml").write_text(CONFIG)
     checkpoints = tmp_path / "ckpt"
-    checkpoint = {
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "init_args": {
-            "dirpath": str(checkpoints),
-            "every_n_train_steps": CHECKPOINT_EVERY,
-            "save_last": True,
-        },
-    }
+    checkpoint = checkpoint_callback(checkpoints, CHECKPOINT_EVERY)
     full = start(fit_command(tmp_path, "full"), tmp_path, "full")
     killed = start(
         fit_command(tmp_path, "killed", hang_at=HANG_AT, checkpoint=checkpoint), tmp_path, "killed"

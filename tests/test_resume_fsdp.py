@@ -19,7 +19,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from test_resume import CONFIG, ROOT, StepLossLog, losses
+from test_resume import CONFIG, ROOT, StepLossLog, checkpoint_callback, losses
 
 FSDP = ROOT / "configs" / "strategy" / "fsdp.yaml"
 STEPS_PER_EPOCH = 4  # train_size 128 / batch_size 16, split over 2 ranks
@@ -84,14 +84,7 @@ def test_a_two_process_fsdp_run_killed_mid_epoch_resumes_from_its_dcp_checkpoint
 ):  # ~45 s: two 2-process runs side by side, then the resumed one
     (tmp_path / "config.yaml").write_text(CONFIG)
     checkpoints = tmp_path / "ckpt"
-    checkpoint = {
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "init_args": {
-            "dirpath": str(checkpoints),
-            "every_n_train_steps": CHECKPOINT_EVERY,
-            "save_last": True,
-        },
-    }
+    checkpoint = checkpoint_callback(checkpoints, CHECKPOINT_EVERY)
     full = start(fit_command(tmp_path, "full"), tmp_path, "full")
     killed = start(
         fit_command(tmp_path, "killed", hang_at=HANG_AT, checkpoint=checkpoint), tmp_path, "killed"
