@@ -37,7 +37,12 @@ class Configurable:
     """Mixin: records the bound constructor arguments of the most-derived class in `self.init_args`.
 
     A module-valued argument must be kept as the attribute of the same name (`self.backbone = backbone`).
+    Arguments named in `construction_only` (e.g. a path to pretrained weights read once by `__init__`)
+    are recorded as None: the weights travel in the state dict, and a saved config must not point at a
+    file that only exists on the machine that trained it.
     """
+
+    construction_only: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -53,7 +58,11 @@ class Configurable:
                 bound = signature.bind(self, *args, **kw)
                 bound.apply_defaults()
                 recorded = {
-                    name: FROM_ATTRIBUTE if isinstance(value, nn.Module) else value
+                    name: None
+                    if name in cls.construction_only
+                    else FROM_ATTRIBUTE
+                    if isinstance(value, nn.Module)
+                    else value
                     for name, value in list(bound.arguments.items())[1:]
                 }
                 object.__setattr__(self, "init_args", recorded)

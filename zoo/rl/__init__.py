@@ -1,0 +1,1 @@
+"""Post-training with reinforcement learning on verifiable rewards (ERNIE 5.0 RL stage)."""
