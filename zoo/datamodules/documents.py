@@ -10,6 +10,7 @@ starts after them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
@@ -188,13 +189,18 @@ class DocumentDataModule(L.LightningDataModule):
             if not texts:
                 continue
             sampler = EpochShuffleSampler(len(texts), self.seed, shuffle=split == "train")
-            dropout = self.bpe_dropout if split == "train" else 0.0
-
-            def make(index: int, epoch: int, texts: list[str] = texts, dropout: float = dropout) -> Document:
-                seed = (self.seed * 1_000_003 + epoch) * 1_000_033 + index
-                return self.encode_document(texts[index], dropout, seed)
-
+            make = functools.partial(self.make_document, split)
             self.datasets[split] = DocumentDataset(len(texts), make, sampler)
+
+    def make_document(self, split: str, index: int, epoch: int) -> Document:
+        """Document `index` of `split` as seen in `epoch`: a function of (seed, split, epoch, index) only.
+
+        Text datamodules encode `texts(split)[index]` (BPE-dropout seeded per epoch and index); multimodal
+        ones override this to build documents with media segments around the same texts.
+        """
+        dropout = self.bpe_dropout if split == "train" else 0.0
+        seed = (self.seed * 1_000_003 + epoch) * 1_000_033 + index
+        return self.encode_document(self.texts(split)[index], dropout, seed)
 
     def _loader(self, split: str) -> DataLoader:
         if split not in self.datasets:

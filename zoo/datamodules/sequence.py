@@ -1,20 +1,38 @@
-"""Builds packed group sequences (`zoo.batch.GroupBatch`) from documents.
+"""Builds packed group sequences (`zoo.batch.GroupBatch`) from documents (DESIGN.md, "everything is a group").
 
-A document is a list of segments; each segment lays out its own groups. Text is one token per group
-and predicts the next token; later modalities add segments (visual scales, audio frames, context
-embeddings) that lay out their groups the same way. Documents are packed greedily into rows of
-`seq_len`; a document never spans two rows and never sees another (the mask keys on `doc_id`).
+A document is a list of segments; each segment lays out its own groups:
+
+- `TextSegment`: one token per group; a text position predicts the next token (when that token's
+  segment has `predict=True`).
+- `VisualSegment` (NFSP): `<boi>` (image) or `<bov>` (video), then for every latent frame its scales
+  coarse to fine, one group per scale, then `<eoi>`/`<eov>`. A scale's positions predict their own codes;
+  their inputs (the accumulated codes of the coarser scales) are computed by the model, which owns the
+  frozen visual tokenizer. Uni-RoPE: every scale's (h, w) lands on the finest grid; frames advance t.
+- `AudioSegment` (NCP): `<boa>`, one group per codec frame, `<eoa>`. A frame position's input is its
+  own codes and it predicts the next frame's (the `<boa>` position predicts frame 0, the last frame
+  predicts "end of audio"), so the input of a frame is the previous frame, as in the paper.
+- `ContextSegment`: an image seen by the vision encoder: `<boi>`, one group of encoder tokens (no
+  targets), `<eoi>`.
+
+Media travel as pixels or waveforms in `GroupBatch.payloads`, with per-position slots that say which
+visual token / audio frame / context token a position holds, so the model can encode them once per
+batch and scatter the results. Documents are packed greedily into rows of `seq_len`; a document never
+spans two rows and never sees another (the mask keys on `doc_id`).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from zoo.batch import IGNORE_INDEX, PAD_DOC, GroupBatch, Modality
 from zoo.tokenizers.vocab import UnifiedVocab
+
+NO_SLOT = -1
 
 
 @dataclass
@@ -28,11 +46,255 @@ class TextSegment:
         return len(self.ids)
 
 
-Document = list[TextSegment]
+@dataclass
+class VisualSegment:
+    """An image `[3, H, W]` or a video `[3, T, H, W]` (floats in [-1, 1]) as NFSP groups.
+
+    `predict=True`: its codes are targets (generation); False: input only (understanding from codes).
+    Instead of pixels, `codes` may hold the tokenizer's codes, flat in (frame, scale, row, col) order
+    (pre-tokenized data, or generated codes fed back); `video` then says which brackets to use.
+    """
+
+    pixels: Tensor | None = None
+    predict: bool = True
+    codes: Tensor | None = None
+    video: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.pixels is None) == (self.codes is None):
+            raise ValueError("a VisualSegment holds either pixels or codes (exactly one of them)")
+        if self.pixels is not None and self.pixels.dim() not in (3, 4):
+            raise ValueError(f"pixels must be [3, H, W] or [3, T, H, W], got {list(self.pixels.shape)}")
+        if self.codes is not None and (self.codes.dim() != 1 or self.codes.dtype != torch.long):
+            got = f"{self.codes.dtype} {list(self.codes.shape)}"
+            raise ValueError(f"codes must be a flat long tensor, got {got}")
+
+    @property
+    def is_video(self) -> bool:
+        return self.video if self.pixels is None else self.pixels.dim() == 4
 
 
-def document_length(document: Document) -> int:
-    return sum(len(segment) for segment in document)
+@dataclass
+class AudioSegment:
+    """A mono waveform `[N]` as NCP frames. `predict=False`: input only (e.g. audio to caption).
+
+    Instead of a waveform, `codes` `[F, Q]` may hold the codec's codes (pre-tokenized or generated).
+    """
+
+    wave: Tensor | None = None
+    predict: bool = True
+    codes: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.wave is None) == (self.codes is None):
+            raise ValueError("an AudioSegment holds either a waveform or codes (exactly one of them)")
+        if self.wave is not None and self.wave.dim() != 1:
+            raise ValueError(f"wave must be mono [N], got {list(self.wave.shape)}")
+        if self.codes is not None and (self.codes.dim() != 2 or len(self.codes) == 0):
+            raise ValueError(f"codes must be [F >= 1, Q], got {list(self.codes.shape)}")
+
+
+@dataclass
+class ContextSegment:
+    """An image `[3, H, W]` for the vision encoder: one group of context embeddings, never a target."""
+
+    pixels: Tensor
+
+
+Segment = TextSegment | VisualSegment | AudioSegment | ContextSegment
+Document = list[Segment]
+
+
+@dataclass(frozen=True)
+class MediaLayout:
+    """How many positions media take; must agree with the model's tokenizers (the model checks it).
+
+    Args:
+        visual_scales: side of each NFSP scale, coarse to fine (the visual tokenizer's `scales`).
+        temporal_stride: frames per latent frame after the first (video: T = 1 + stride * k).
+        audio_hop: waveform samples per codec frame (the audio codec's `hop`).
+        context_grid: (rows, cols) of the vision encoder's tokens per image.
+    """
+
+    visual_scales: tuple[int, ...] = (1, 2, 4, 8)
+    temporal_stride: int = 4
+    audio_hop: int = 640
+    context_grid: tuple[int, int] = (4, 4)
+
+    def __post_init__(self) -> None:
+        if not self.visual_scales or any(s < 1 for s in self.visual_scales):
+            raise ValueError(f"visual_scales must be positive sides, got {self.visual_scales}")
+        if list(self.visual_scales) != sorted(self.visual_scales):
+            raise ValueError(f"visual_scales must go coarse to fine, got {self.visual_scales}")
+        if self.temporal_stride < 1 or self.audio_hop < 1 or min(self.context_grid) < 1:
+            raise ValueError("temporal_stride, audio_hop and context_grid must be >= 1")
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return sum(s * s for s in self.visual_scales)
+
+    def latent_frames(self, frames: int) -> int:
+        if frames < 1 or (frames - 1) % self.temporal_stride:
+            raise ValueError(
+                f"a video of {frames} frames does not fit the temporal stride {self.temporal_stride}: "
+                f"expected 1 + {self.temporal_stride} * k frames"
+            )
+        return 1 + (frames - 1) // self.temporal_stride
+
+    def visual_frames(self, segment: VisualSegment) -> int:
+        """Latent frames of a visual segment."""
+        if segment.codes is not None:
+            n = segment.codes.numel()
+            if n == 0 or n % self.tokens_per_frame:
+                raise ValueError(f"{n} visual codes are not whole frames of {self.tokens_per_frame} codes")
+            return n // self.tokens_per_frame
+        return self.latent_frames(segment.pixels.shape[1]) if segment.is_video else 1
+
+    def audio_frames(self, samples: int) -> int:
+        if samples < 1:
+            raise ValueError("empty audio: a waveform needs at least one sample")
+        return math.ceil(samples / self.audio_hop)
+
+    def segment_length(self, segment: Segment) -> int:
+        if isinstance(segment, TextSegment):
+            return len(segment)
+        if isinstance(segment, VisualSegment):
+            return 2 + self.visual_frames(segment) * self.tokens_per_frame
+        if isinstance(segment, AudioSegment):
+            frames = len(segment.codes) if segment.codes is not None else self.audio_frames(len(segment.wave))
+            return 2 + frames
+        if isinstance(segment, ContextSegment):
+            return 2 + self.context_grid[0] * self.context_grid[1]
+        raise TypeError(f"unknown segment type {type(segment).__name__}")
+
+
+def document_length(document: Document, layout: MediaLayout | None = None) -> int:
+    layout = layout or MediaLayout()
+    return sum(layout.segment_length(segment) for segment in document)
+
+
+class _RowWriter:
+    """Writes the positions of the documents of one row; tracks group ids and Uni-RoPE coordinates."""
+
+    def __init__(
+        self, builder: SequenceBuilder, row: int, out: dict[str, Tensor], media: dict[str, list]
+    ) -> None:
+        self.b, self.row, self.out, self.media = builder, row, out, media
+        self.pos = 0
+
+    def start_document(self, doc: int) -> None:
+        self.doc, self.group, self.t = doc, 0, 0
+        self.text_predict: list[tuple[int, bool]] = []  # (position, is a predicted text token)
+
+    def _put(self, token: int, modality: Modality, t: int, h: int, w: int, new_group: bool = True) -> int:
+        p = self.pos
+        o = self.out
+        o["ids"][self.row, p] = token
+        o["modality"][self.row, p] = int(modality)
+        o["group"][self.row, p] = self.group
+        o["doc"][self.row, p] = self.doc
+        o["positions"][:, self.row, p] = torch.tensor((t, h, w))
+        if new_group:
+            self.group += 1
+        self.pos += 1
+        return p
+
+    def text(self, token: int, predict: bool) -> int:
+        p = self._put(token, Modality.TEXT, self.t, self.t, self.t)
+        self.text_predict.append((p, predict))
+        self.t += 1
+        return p
+
+    def media_break(self) -> None:
+        """A media position interrupts the chain of text-to-next-text targets."""
+        self.text_predict.append((-1, False))
+
+    def visual(self, segment: VisualSegment) -> None:
+        layout, vocab = self.b.layout, self.b.vocab
+        begin, end = ("<bov>", "<eov>") if segment.is_video else ("<boi>", "<eoi>")
+        self.text(vocab.special(begin), True)
+        self.media_break()
+        frames = layout.visual_frames(segment)
+        token = self.media["visual_tokens"]
+        if segment.codes is not None:
+            offset = sum(c.numel() for c in self.media["codes"])
+            self.media["codes"].append(segment.codes)
+            self.media["visual_items"].append(("codes", offset, token, frames))
+        else:
+            key = "video" if segment.is_video else "image"
+            self.media[key].append(segment.pixels)
+            self.media["visual_items"].append((key, len(self.media[key]) - 1, token, frames))
+        finest = layout.visual_scales[-1]
+        modality = Modality.VIDEO if segment.is_video else Modality.IMAGE
+        t0 = self.t
+        for frame in range(frames):
+            for k, side in enumerate(layout.visual_scales):
+                # Infinity: coordinate i of an s-grid goes to the centre of its cell on the finest grid.
+                coords = [(i * finest + finest // 2) // side for i in range(side)]
+                for r in range(side):
+                    for c in range(side):
+                        t, h, w = t0 + frame, t0 + coords[r], t0 + coords[c]
+                        p = self._put(vocab.pad_id, modality, t, h, w, new_group=False)
+                        self.out["visual_slot"][self.row, p] = token
+                        self.out["visual_scale"][self.row, p] = k
+                        if segment.predict:
+                            self.out["visual_target"][self.row, p] = token
+                        token += 1
+                self.group += 1
+        self.media["visual_tokens"] = token
+        self.t = t0 + max(frames, finest)
+        self.text(vocab.special(end), True)
+
+    def audio(self, segment: AudioSegment) -> None:
+        vocab, layout = self.b.vocab, self.b.layout
+        first = self.media["audio_frames"]
+        if segment.codes is not None:
+            frames = len(segment.codes)
+            offset = sum(len(c) for c in self.media["audio_codes"])
+            self.media["audio_items"].append((1, offset, first, frames))
+            self.media["audio_codes"].append(segment.codes)
+        else:
+            frames = layout.audio_frames(len(segment.wave))
+            self.media["audio_items"].append((0, len(self.media["audio"]), first, frames))
+            self.media["audio"].append(segment.wave)
+        boa = self.text(vocab.special("<boa>"), True)
+        self.media_break()
+        if segment.predict:
+            self.out["audio_target"][self.row, boa] = first
+        for f in range(frames):
+            p = self._put(vocab.pad_id, Modality.AUDIO, self.t, self.t, self.t)
+            self.t += 1
+            self.out["audio_slot"][self.row, p] = first + f
+            if segment.predict:
+                if f + 1 < frames:
+                    self.out["audio_target"][self.row, p] = first + f + 1
+                else:
+                    self.out["audio_end"][self.row, p] = True
+        self.media["audio_frames"] = first + frames
+        self.text(vocab.special("<eoa>"), True)
+
+    def context(self, segment: ContextSegment) -> None:
+        vocab = self.b.vocab
+        rows, cols = self.b.layout.context_grid
+        self.text(vocab.special("<boi>"), True)
+        self.media_break()
+        self.media["context"].append(segment.pixels)
+        token = len(self.media["context"]) - 1
+        t0 = self.t
+        for r in range(rows):
+            for c in range(cols):
+                p = self._put(vocab.pad_id, Modality.CONTEXT, t0, t0 + r, t0 + c, False)
+                self.out["context_slot"][self.row, p] = token * rows * cols + r * cols + c
+        self.group += 1
+        self.t = t0 + max(rows, cols)
+        self.text(vocab.special("<eoi>"), True)
+
+    def end_document(self) -> None:
+        targets = self.out["targets"]
+        chain = self.text_predict
+        for (p, _), (q, predict) in zip(chain, chain[1:], strict=False):
+            if p >= 0 and q >= 0 and predict:
+                targets[self.row, p] = self.out["ids"][self.row, q]
 
 
 class SequenceBuilder:
@@ -40,28 +302,35 @@ class SequenceBuilder:
 
     Args:
         vocab: the unified vocabulary (pad id, id ranges).
-        seq_len: row length; a longer document is refused unless `truncate`.
-        truncate: cut over-long documents to `seq_len` (with a warning) instead of refusing them.
+        seq_len: row length; a longer document is refused unless `truncate` (text-only documents).
+        truncate: cut over-long text documents to `seq_len` (with a warning) instead of refusing them.
+        layout: positions per visual frame, audio frame and context image (must match the model).
     """
 
-    def __init__(self, vocab: UnifiedVocab, seq_len: int, truncate: bool = False) -> None:
+    def __init__(
+        self, vocab: UnifiedVocab, seq_len: int, truncate: bool = False, layout: MediaLayout | None = None
+    ) -> None:
         if seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {seq_len}")
         self.vocab = vocab
         self.seq_len = seq_len
         self.truncate = truncate
+        self.layout = layout or MediaLayout()
         self._warned = False
 
+    def length(self, document: Document) -> int:
+        return document_length(document, self.layout)
+
     def fit(self, document: Document) -> Document:
-        length = document_length(document)
+        length = self.length(document)
         if length == 0:
             raise ValueError("empty document: it has no tokens")
         if length <= self.seq_len:
             return document
-        if not self.truncate:
+        if not self.truncate or not all(isinstance(s, TextSegment) for s in document):
             raise ValueError(
-                f"document of {length} tokens is longer than seq_len={self.seq_len}; "
-                "raise seq_len or set truncate=True to cut it"
+                f"document of {length} tokens is longer than seq_len={self.seq_len}; raise seq_len"
+                + (" or set truncate=True to cut it" if not self.truncate else " (media are never cut)")
             )
         if not self._warned:
             warnings.warn(
@@ -82,7 +351,7 @@ class SequenceBuilder:
         used = self.seq_len
         for document in documents:
             document = self.fit(document)
-            length = document_length(document)
+            length = self.length(document)
             if used + length > self.seq_len:
                 rows.append([])
                 used = 0
@@ -94,37 +363,124 @@ class SequenceBuilder:
         """Pack `documents` and lay the rows out as one GroupBatch (`collate_fn` of the dataloaders)."""
         if not documents:
             raise ValueError("cannot build a batch from no documents")
-        rows = self.pack(documents)
-        b, length = len(rows), self.seq_len
-        ids = torch.full((b, length), self.vocab.pad_id, dtype=torch.long)
-        modality = torch.full((b, length), int(Modality.PAD), dtype=torch.long)
-        group = torch.zeros((b, length), dtype=torch.long)
-        doc = torch.full((b, length), PAD_DOC, dtype=torch.long)
-        index = torch.zeros((b, length), dtype=torch.long)
-        targets = torch.full((b, length), IGNORE_INDEX, dtype=torch.long)
+        return self.layout_rows(self.pack(documents), self.seq_len)
+
+    def collate_prompts(self, documents: list[Document]) -> GroupBatch:
+        """One document per row, right-aligned (left padding), for generation that continues every row."""
+        if not documents:
+            raise ValueError("cannot build a batch from no documents")
+        for document in documents:
+            if self.length(document) == 0:
+                raise ValueError("empty prompt: start it with at least <bos>")
+        longest = max(self.length(d) for d in documents)
+        return self.layout_rows([[d] for d in documents], longest, left_pad=True)
+
+    def layout_rows(self, rows: list[list[Document]], length: int, left_pad: bool = False) -> GroupBatch:
+        b = len(rows)
+
+        def full(value: int, dtype: torch.dtype = torch.long) -> Tensor:
+            return torch.full((b, length), value, dtype=dtype)
+
+        out = {
+            "ids": full(self.vocab.pad_id),
+            "modality": full(int(Modality.PAD)),
+            "group": full(0),
+            "doc": full(PAD_DOC),
+            "positions": torch.zeros((3, b, length), dtype=torch.long),
+            "targets": full(IGNORE_INDEX),
+            "visual_slot": full(NO_SLOT),
+            "visual_scale": full(NO_SLOT),
+            "visual_target": full(NO_SLOT),
+            "audio_slot": full(NO_SLOT),
+            "audio_target": full(NO_SLOT),
+            "audio_end": full(0, torch.bool),
+            "context_slot": full(NO_SLOT),
+        }
+        media: dict[str, list] = {
+            "image": [], "video": [], "codes": [], "audio": [], "audio_codes": [], "context": [],
+            "visual_items": [], "audio_items": [], "visual_tokens": 0, "audio_frames": 0,
+        }  # fmt: skip
         for r, row in enumerate(rows):
-            start = 0
+            writer = _RowWriter(self, r, out, media)
+            if left_pad:
+                writer.pos = length - sum(self.length(d) for d in row)
             for d, document in enumerate(row):
-                flat = [token for segment in document for token in segment.ids]
-                predict = [segment.predict for segment in document for _ in segment.ids]
-                self.vocab.check_ids(torch.tensor(flat), range(0, self.vocab.text_head_size))
-                n = len(flat)
-                span = slice(start, start + n)
-                ids[r, span] = torch.tensor(flat)
-                modality[r, span] = int(Modality.TEXT)
-                doc[r, span] = d
-                # Text: one token per group, so the group id and the (t, h, w) coordinate are the index.
-                group[r, span] = torch.arange(n)
-                index[r, span] = torch.arange(n)
-                next_ids = torch.tensor(flat[1:])
-                keep = torch.tensor(predict[1:], dtype=torch.bool)
-                targets[r, start : start + n - 1] = torch.where(keep, next_ids, IGNORE_INDEX)
-                start += n
+                writer.start_document(d)
+                for segment in document:
+                    self._write(writer, segment)
+                writer.end_document()
+        return self._batch(out, media)
+
+    def _write(self, writer: _RowWriter, segment: Segment) -> None:
+        if isinstance(segment, TextSegment):
+            if len(segment) == 0:
+                raise ValueError("empty text segment: it has no tokens")
+            self.vocab.check_ids(torch.tensor(segment.ids), range(0, self.vocab.text_head_size))
+            for token in segment.ids:
+                writer.text(token, segment.predict)
+        elif isinstance(segment, VisualSegment):
+            writer.visual(segment)
+        elif isinstance(segment, AudioSegment):
+            writer.audio(segment)
+        elif isinstance(segment, ContextSegment):
+            writer.context(segment)
+        else:
+            raise TypeError(f"unknown segment type {type(segment).__name__}")
+
+    def _batch(self, out: dict[str, Tensor], media: dict[str, list]) -> GroupBatch:
+        payloads: dict[str, Tensor] = {}
+        if media["visual_items"]:
+            payloads["visual_slot"] = out["visual_slot"]
+            payloads["visual_scale"] = out["visual_scale"]
+            payloads["visual_target"] = out["visual_target"]
+            payloads["visual_scales"] = torch.tensor(self.layout.visual_scales)
+            # Per item in token order: (kind, index among its kind, first token, latent frames), kind 0 an
+            # image, 1 a video, 2 given codes (index = offset into `visual_codes`).
+            kinds = {"image": 0, "video": 1, "codes": 2}
+            payloads["visual_items"] = torch.tensor(
+                [(kinds[k], i, first, frames) for k, i, first, frames in media["visual_items"]]
+            )
+            if media["codes"]:
+                payloads["visual_codes"] = torch.cat(media["codes"])
+            for key in ("image", "video"):
+                if media[key]:
+                    payloads[f"{key}_pixels"] = _stack(media[key], key)
+        if media["audio_items"]:
+            # Per item in frame order: (kind, index, first frame, frames); kind 0 a waveform (index among
+            # the waveforms), 1 given codes (index = first row in `audio_codes`).
+            payloads["audio_items"] = torch.tensor(media["audio_items"])
+            waves = media["audio"]
+            if waves:
+                lengths = torch.tensor([len(w) for w in waves])
+                padded = torch.zeros(len(waves), int(lengths.max()))
+                for i, w in enumerate(waves):
+                    padded[i, : len(w)] = w
+                payloads.update(audio_waves=padded, audio_lengths=lengths)
+            if media["audio_codes"]:
+                payloads["audio_codes"] = torch.cat(media["audio_codes"])
+            payloads.update(
+                audio_slot=out["audio_slot"],
+                audio_target=out["audio_target"],
+                audio_end=out["audio_end"],
+                audio_hop=torch.tensor(self.layout.audio_hop),
+            )
+        if media["context"]:
+            payloads["context_pixels"] = _stack(media["context"], "context image")
+            payloads["context_slot"] = out["context_slot"]
+            payloads["context_grid"] = torch.tensor(self.layout.context_grid)
         return GroupBatch(
-            input_ids=ids,
-            modality=modality,
-            group_id=group,
-            doc_id=doc,
-            positions=index.unsqueeze(0).repeat(3, 1, 1),
-            targets={"text": targets},
+            input_ids=out["ids"],
+            modality=out["modality"],
+            group_id=out["group"],
+            doc_id=out["doc"],
+            positions=out["positions"],
+            targets={"text": out["targets"]},
+            payloads=payloads,
         )
+
+
+def _stack(tensors: list[Tensor], what: str) -> Tensor:
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) > 1:
+        raise ValueError(f"every {what} of a batch must have the same shape, got {sorted(shapes)}")
+    return torch.stack([t.float() for t in tensors])

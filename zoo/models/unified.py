@@ -1,8 +1,10 @@
 """The unified model: embedders in, one backbone, heads out (DESIGN.md, "everything is a group").
 
-The model sums each modality's embeddings into one `[B, L, D]` tensor, runs the backbone once and
-gives every head the hidden states. Text is the first modality; vision and audio add an embedder
-and a head each without touching the backbone.
+The model writes each modality's embeddings into one `[B, L, D]` tensor, runs the backbone once and
+gives every head the hidden states. Text is always there; each other modality is one optional,
+swappable component: a visual tokenizer turns on NFSP (images and video, `zoo.models.nfsp`), an audio
+codec turns on NCP (`zoo.models.ncp`), a vision encoder turns on context images (understanding). The
+backbone never sees which modality a position came from.
 """
 
 from __future__ import annotations
@@ -20,7 +22,21 @@ from zoo.models.elastic import ElasticConfig
 from zoo.models.generation import generate_text
 from zoo.models.heads import HeadOutput, TextHead
 from zoo.models.moe import SwiGLU
+from zoo.models.ncp import NCP
+from zoo.models.nfsp import NFSP, VisualCodes
+from zoo.models.vision import DualPathEncoder
+from zoo.tokenizers.audio import AudioCodec
+from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+
+
+@dataclass
+class MediaInputs:
+    """What the frozen tokenizers and the encoder make of a batch's media, computed once per forward."""
+
+    visual: VisualCodes | None = None
+    audio: Tensor | None = None  # [N_frames, Q] codes
+    context: Tensor | None = None  # [N_context_tokens, D] embeddings
 
 
 @dataclass
@@ -33,7 +49,7 @@ class ModelOutput:
 
 
 class UnifiedModel(Configurable, nn.Module):
-    """Text embedder + `UnifiedTransformer` + text head (NTP and MTP).
+    """Embedders + `UnifiedTransformer` + heads: text always, vision and audio when their tokenizers are set.
 
     Args:
         backbone: the decoder; its width sets the embedders' and heads' width.
@@ -41,6 +57,13 @@ class UnifiedModel(Configurable, nn.Module):
         mtp_depth: sequential MTP modules (0 disables MTP).
         mtp_loss_weight: lambda of the MTP loss.
         tie_embeddings: share the text embedding and output matrices.
+        visual_tokenizer: a trained multi-scale visual tokenizer (frozen here): enables NFSP image and
+            video generation and understanding from codes. Its codebook must fit `vocab.visual_size`.
+        audio_codec: a trained RVQ codec (frozen here): enables NCP audio generation and understanding.
+        vision_encoder: a dual-path encoder for context images (trained with the model).
+        ncp_depth_layers: layers of the NCP depth transformer.
+        visual_loss_weight: weight of the NFSP loss.
+        audio_loss_weight: weight of the NCP loss.
     """
 
     def __init__(
@@ -50,6 +73,12 @@ class UnifiedModel(Configurable, nn.Module):
         mtp_depth: int = 1,
         mtp_loss_weight: float = 0.3,
         tie_embeddings: bool = False,
+        visual_tokenizer: VisualTokenizer | None = None,
+        audio_codec: AudioCodec | None = None,
+        vision_encoder: DualPathEncoder | None = None,
+        ncp_depth_layers: int = 2,
+        visual_loss_weight: float = 1.0,
+        audio_loss_weight: float = 1.0,
     ) -> None:
         super().__init__()
         if mtp_depth < 0:
@@ -68,12 +97,77 @@ class UnifiedModel(Configurable, nn.Module):
                     nn.init.normal_(p, std=0.02)
         if tie_embeddings:
             self.text_head.output.weight = self.text_embed.weight
+        self.nfsp: NFSP | None = None
+        if visual_tokenizer is not None:
+            if visual_tokenizer.codebook_size > vocab.visual_size:
+                raise ValueError(
+                    f"the visual tokenizer has {visual_tokenizer.codebook_size} codes but the unified "
+                    f"vocabulary reserves visual_size={vocab.visual_size}"
+                )
+            self.nfsp = NFSP(visual_tokenizer, dim, visual_loss_weight)
+        self.ncp: NCP | None = None
+        if audio_codec is not None:
+            self.ncp = NCP(audio_codec, vocab, dim, ncp_depth_layers, loss_weight=audio_loss_weight)
+        self.vision_encoder = vision_encoder
+        self.context_proj: nn.Module | None = None
+        if vision_encoder is not None:
+            out_dim = vision_encoder.out_dim
+            self.context_proj = nn.Identity() if out_dim == dim else nn.Linear(out_dim, dim, bias=False)
+        self.ncp_depth_layers = ncp_depth_layers
+        self.visual_loss_weight, self.audio_loss_weight = visual_loss_weight, audio_loss_weight
 
-    def embed(self, batch: GroupBatch) -> Tensor:
+    # The frozen tokenizers live inside their heads; these give them back under their argument names
+    # (configuration records and `zoo.config.to_config` read them).
+    @property
+    def visual_tokenizer(self) -> VisualTokenizer | None:
+        return None if self.nfsp is None else self.nfsp.tokenizer
+
+    @property
+    def audio_codec(self) -> AudioCodec | None:
+        return None if self.ncp is None else self.ncp.codec
+
+    def encode_media(self, batch: GroupBatch) -> MediaInputs:
+        """Tokenize / encode the media a batch carries (pixels, waveforms), once per forward."""
+        media = MediaInputs()
+        payloads = batch.payloads
+        if "visual_items" in payloads:
+            if self.nfsp is None:
+                raise ValueError("the batch holds visual groups but the model has no visual_tokenizer")
+            media.visual = self.nfsp.encode(batch)
+        if "audio_items" in payloads:
+            if self.ncp is None:
+                raise ValueError("the batch holds audio groups but the model has no audio_codec")
+            media.audio = self.ncp.encode(batch)
+        if "context_pixels" in payloads:
+            if self.vision_encoder is None:
+                raise ValueError("the batch holds context images but the model has no vision_encoder")
+            grid = tuple(payloads["context_grid"].tolist())
+            if grid != tuple(self.vision_encoder.grid):
+                raise ValueError(
+                    f"the batch lays out {grid} context tokens per image but the vision encoder makes "
+                    f"{tuple(self.vision_encoder.grid)}: set the datamodule's layout.context_grid"
+                )
+            tokens = self.vision_encoder(payloads["context_pixels"])
+            media.context = self.context_proj(tokens.flatten(0, 1))
+        return media
+
+    def embed(self, batch: GroupBatch, media: MediaInputs | None = None) -> Tensor:
         """`[B, L, D]`: every modality's embedder writes its own positions."""
         text = batch.modality == Modality.TEXT
         ids = torch.where(text, batch.input_ids, self.vocab.pad_id)
-        return self.text_embed(ids)
+        x = self.text_embed(ids)
+        if not batch.payloads:
+            return x
+        media = media or self.encode_media(batch)
+        if media.visual is not None:
+            x = self.nfsp.embed(x, batch, media.visual)
+        if media.audio is not None:
+            x = self.ncp.embed(x, batch, media.audio)
+        if media.context is not None:
+            slot = batch.payloads["context_slot"]
+            where = slot >= 0
+            x = x.masked_scatter(where[..., None], media.context[slot[where]].to(x.dtype))
+        return x
 
     def forward(
         self,
@@ -81,8 +175,13 @@ class UnifiedModel(Configurable, nn.Module):
         elastic: ElasticConfig | None = None,
         routing: dict[int, Tensor] | None = None,
     ) -> ModelOutput:
-        out = self.backbone(self.embed(batch), batch, elastic=elastic, routing=routing)
+        media = self.encode_media(batch)
+        out = self.backbone(self.embed(batch, media), batch, elastic=elastic, routing=routing)
         heads = {"text": self.text_head(out.hidden, batch, out.context, self.text_embed)}
+        if media.visual is not None:
+            heads["visual"] = self.nfsp(out.hidden, batch, media.visual)
+        if media.audio is not None:
+            heads["audio"] = self.ncp(out.hidden, batch, media.audio)
         loss = sum((h.loss for h in heads.values()), out.aux_loss + out.z_loss)
         return ModelOutput(loss, heads, out)
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo.models.moe import Router
+from zoo.parallel import is_sharded
 
 
 class ExpertBiasUpdate(L.Callback):
@@ -121,3 +122,64 @@ class GenerationWriter(BasePredictionWriter):
         for row in rows:
             print(f"{row.get('prompt', row['prompt_ids'])!r} -> {row.get('text', row['ids'])!r}")
         print(f"{len(rows)} generations written to {path}")
+
+
+class MultimodalGallery(L.Callback):
+    """At the end of fit, evaluate every modality the model and data support with the ShapesWorld verifiers
+    (`zoo.tasks.multimodal_eval.evaluate`), print the scores beside their baselines, and write the gallery
+    page (`gallery/gallery.md` with PNG/GIF/WAV files and `metrics.json`) under the run directory.
+
+    Args:
+        num_samples: scenes per task.
+        split: "val" (training compositions) or "test" (held-out colour-shape pairs).
+        cfg_scale: classifier-free guidance weight for image and video generation.
+        temperature: sampling temperature.
+        top_k: top-k filtering of every sampled token (None: off).
+        seed: sampling seed.
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 16,
+        split: str = "val",
+        cfg_scale: float = 2.0,
+        temperature: float = 1.0,
+        top_k: int | None = 8,
+        seed: int = 0,
+    ) -> None:
+        self.num_samples, self.split, self.cfg_scale = num_samples, split, cfg_scale
+        self.temperature, self.top_k, self.seed = temperature, top_k, seed
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
+        from zoo.tasks.multimodal_eval import evaluate, write_gallery
+
+        datamodule = trainer.datamodule
+        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "gallery"
+        if not isinstance(datamodule, ShapesMultimodalDataModule) or not trainer.is_global_zero:
+            return
+        if is_sharded(pl_module.model):
+            Console().print("MultimodalGallery: skipped for a sharded model; evaluate an exported checkpoint")
+            return
+        was_training = pl_module.training
+        result = evaluate(
+            pl_module.model, datamodule, self.num_samples, self.split, self.cfg_scale, self.temperature,
+            self.top_k, seed=self.seed,
+        )
+        pl_module.train(was_training)
+        page = write_gallery(result, out_dir, f"ShapesWorld gallery after {trainer.global_step} steps")
+        table = Table(title=f"Verifier scores on {self.num_samples} {self.split} scenes per task")
+        for column in ("task", "exact", "attributes", "baseline exact", "baseline attributes"):
+            table.add_column(column, justify="left" if column == "task" else "center")
+        m = result.metrics
+        for task in sorted({k.split("/")[0] for k in m}):
+            table.add_row(
+                task, *(f"{m[f'{task}/{k}']:.2f}" for k in (
+                    "exact", "attribute_accuracy", "baseline_exact", "baseline_attribute_accuracy"
+                ))
+            )
+        console = Console()
+        console.print(table)
+        console.print(f"gallery written to {page}")
+        for logger in trainer.loggers:
+            logger.log_metrics({f"gallery/{k}": v for k, v in m.items()}, step=trainer.global_step)

@@ -1,0 +1,231 @@
+"""ShapesWorld in every modality for the unified model: captions, images, videos and speech as documents.
+
+Each training document is one scene seen through one task, drawn per (seed, epoch, index) with the
+task weights below, so one batch mixes modalities and the router sees all of them:
+
+    caption          <bos> caption <eos>
+    text_to_image    <bos> caption <boi> image <eoi> <eos>       (caption dropped with p = uncond_prob)
+    image_to_text    <bos> <boi> image <eoi> caption <eos>       (the image as codes, or through the
+                                                                   vision encoder when `image_context`)
+    text_to_video    <bos> caption <bov> video <eov> <eos>       (captions name motion)
+    video_to_text    <bos> <bov> video <eov> caption <eos>
+    text_to_audio    <bos> caption <boa> speech <eoa> <eos>
+    audio_to_text    <bos> <boa> speech <eoa> caption <eos>
+
+In generation tasks the caption is the condition (not a target); in understanding tasks the caption is
+the target. Dropping the caption in a share of text-to-image documents teaches the unconditional model
+that classifier-free guidance needs (`<bos> <boi>` is its prompt).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from zoo.datamodules.documents import DocumentDataModule
+from zoo.datamodules.sequence import (
+    AudioSegment,
+    ContextSegment,
+    Document,
+    MediaLayout,
+    TextSegment,
+    VisualSegment,
+)
+from zoo.datamodules.shapes import Scene, ShapesWorld, stable_seed
+from zoo.datamodules.shapes_render import render_image, render_video, to_tensor
+from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
+from zoo.tokenizers.text import TextTokenizer
+from zoo.tokenizers.vocab import UnifiedVocab
+
+TASKS = (
+    "caption",
+    "text_to_image",
+    "image_to_text",
+    "text_to_video",
+    "video_to_text",
+    "text_to_audio",
+    "audio_to_text",
+)
+
+
+class ShapesMultimodalDataModule(DocumentDataModule):
+    """ShapesWorld scenes as multimodal documents for `UnifiedPretraining`.
+
+    Args:
+        vocab: the model's unified vocabulary.
+        layout: positions per visual frame / audio frame / context image; must match the model's
+            tokenizers and encoder (the model checks).
+        caption_weight .. audio_to_text_weight: relative frequency of each task (0 disables it).
+        uncond_prob: share of text-to-image/video documents whose caption is dropped (for guidance).
+        image_context: image-to-text reads the image through the vision encoder (context group)
+            instead of the visual tokenizer's codes.
+        image_size: rendered image side in pixels (the visual tokenizer's input size).
+        video_frames: frames per video (1 + temporal_stride * k).
+        world_seed: which world (held-out pairs and every scene follow from it).
+        min_objects: fewest objects per scene.
+        max_objects: most objects per scene.
+        train_size: training scenes per epoch.
+        val_size: validation scenes (val split) and test scenes (test split, held-out pairs).
+        tokenizer: a tokenizer JSON; None trains a BPE of `tokenizer_size` ids on training captions.
+        tokenizer_size: vocabulary of the trained tokenizer.
+        seq_len: packed row length.
+        batch_size: documents per batch.
+        num_workers: dataloader workers (rendering happens in them).
+        seed: task draws, speech variation and shuffling.
+    """
+
+    def __init__(
+        self,
+        vocab: UnifiedVocab = UnifiedVocab(),
+        layout: MediaLayout = MediaLayout(),
+        caption_weight: float = 1.0,
+        text_to_image_weight: float = 2.0,
+        image_to_text_weight: float = 1.0,
+        text_to_video_weight: float = 0.0,
+        video_to_text_weight: float = 0.0,
+        text_to_audio_weight: float = 0.0,
+        audio_to_text_weight: float = 0.0,
+        uncond_prob: float = 0.1,
+        image_context: bool = False,
+        image_size: int = 32,
+        video_frames: int = 5,
+        world_seed: int = 0,
+        min_objects: int = 1,
+        max_objects: int = 2,
+        train_size: int = 8192,
+        val_size: int = 256,
+        tokenizer: str | None = None,
+        tokenizer_size: int = 320,
+        seq_len: int = 256,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(vocab, seq_len, batch_size, 0.0, False, num_workers, seed, None)
+        self.builder.layout = layout
+        weights = (
+            caption_weight,
+            text_to_image_weight,
+            image_to_text_weight,
+            text_to_video_weight,
+            video_to_text_weight,
+            text_to_audio_weight,
+            audio_to_text_weight,
+        )
+        if min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(
+                f"task weights must be >= 0 with a positive sum, got {dict(zip(TASKS, weights, strict=True))}"
+            )
+        if not 0.0 <= uncond_prob < 1.0:
+            raise ValueError(f"uncond_prob must lie in [0, 1), got {uncond_prob}")
+        if train_size < 1 or val_size < 1:
+            raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
+        layout.latent_frames(video_frames)  # refuses a frame count that does not fit the stride
+        self.layout = layout
+        self.weights = dict(zip(TASKS, weights, strict=True))
+        self.uncond_prob, self.image_context = uncond_prob, image_context
+        self.image_size, self.video_frames = image_size, video_frames
+        self.world = ShapesWorld(seed=world_seed, min_objects=min_objects, max_objects=max_objects)
+        self.motion_world = ShapesWorld(
+            seed=world_seed, min_objects=min_objects, max_objects=max_objects, include_motion=True
+        )
+        self.train_size, self.val_size = train_size, val_size
+        self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
+        self._captions: dict[str, list[str]] = {}
+
+    # -- texts and tokenizer ----------------------------------------------------------------------
+    def texts(self, split: str) -> list[str]:
+        if split not in self._captions:
+            n = self.train_size if split == "train" else self.val_size
+            self._captions[split] = [self.world.caption(s) for s in self.world.scenes(split, n)]
+        return self._captions[split]
+
+    def make_tokenizer(self) -> TextTokenizer:
+        if self.tokenizer_path:
+            return TextTokenizer.load(self.tokenizer_path)
+        scenes = self.motion_world.scenes("train", 4096)
+        # Motion captions are a superset of the still ones: one tokenizer serves every task.
+        texts = [self.motion_world.caption(s) for s in scenes]
+        return TextTokenizer.train(texts, vocab_size=self.tokenizer_size, min_frequency=2)
+
+    # -- documents ----------------------------------------------------------------------------------
+    def task_of(self, split: str, index: int, epoch: int) -> str:
+        rng = random.Random(
+            stable_seed("multimodal-task", self.seed, split, index, epoch if split == "train" else 0)
+        )
+        names = [t for t in TASKS if self.weights[t] > 0]
+        return rng.choices(names, weights=[self.weights[t] for t in names])[0]
+
+    def caption_ids(self, text: str) -> list[int]:
+        assert self.tokenizer is not None
+        return self.vocab.text_to_unified(self.tokenizer.encode(text)).tolist()
+
+    def image(self, scene: Scene) -> torch.Tensor:
+        return to_tensor(render_image(scene, self.image_size))
+
+    def video(self, scene: Scene) -> torch.Tensor:
+        return to_tensor(render_video(scene, self.video_frames, self.image_size))
+
+    def speech(self, text: str, split: str, index: int, epoch: int) -> torch.Tensor:
+        seed = stable_seed("multimodal-speech", self.seed, split, index, epoch if split == "train" else 0)
+        return torch.from_numpy(render_speech(text, seed, SAMPLE_RATE))
+
+    def make_document(self, split: str, index: int, epoch: int) -> Document:
+        task = self.task_of(split, index, epoch)
+        return self.task_document(task, split, index, epoch)
+
+    def task_document(self, task: str, split: str, index: int, epoch: int = 0) -> Document:
+        """The document of `task` for scene `index` of `split`."""
+        vocab = self.vocab
+        video = task in ("text_to_video", "video_to_text")
+        world = self.motion_world if video else self.world
+        scene = world.scene(index, split)
+        caption = self.caption_ids(world.caption(scene))
+        bos, eos = TextSegment([vocab.bos_id]), TextSegment([vocab.eos_id])
+        rng = random.Random(stable_seed("multimodal-uncond", self.seed, split, index, epoch))
+        if task == "caption":
+            return [TextSegment([vocab.bos_id, *caption, vocab.eos_id])]
+        if task in ("text_to_image", "text_to_video"):
+            media = VisualSegment(self.video(scene) if video else self.image(scene))
+            if split == "train" and rng.random() < self.uncond_prob:
+                return [bos, media, eos]
+            return [TextSegment([vocab.bos_id, *caption], predict=False), media, eos]
+        if task == "image_to_text":
+            pixels = self.image(scene)
+            media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
+            return [bos, media, TextSegment([*caption, vocab.eos_id])]
+        if task == "video_to_text":
+            return [
+                bos,
+                VisualSegment(self.video(scene), predict=False),
+                TextSegment([*caption, vocab.eos_id]),
+            ]
+        spoken = self.speech(world.caption(scene), split, index, epoch)
+        if task == "text_to_audio":
+            return [TextSegment([vocab.bos_id, *caption], predict=False), AudioSegment(spoken), eos]
+        if task == "audio_to_text":
+            return [bos, AudioSegment(spoken, predict=False), TextSegment([*caption, vocab.eos_id])]
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+
+    # -- prompts for evaluation and the gallery ------------------------------------------------------
+    def generation_prompt(self, task: str, scene: Scene) -> list[int]:
+        """Unified ids of a caption-to-media prompt ending with the media's opening token."""
+        world = self.motion_world if task == "text_to_video" else self.world
+        opener = {"text_to_image": "<boi>", "text_to_video": "<bov>", "text_to_audio": "<boa>"}[task]
+        return [self.vocab.bos_id, *self.caption_ids(world.caption(scene)), self.vocab.special(opener)]
+
+    def understanding_prompt(self, task: str, scene: Scene, index: int = 0, split: str = "val") -> Document:
+        """A media-to-caption prompt document (media then nothing: the model writes the caption)."""
+        bos = TextSegment([self.vocab.bos_id])
+        if task == "image_to_text":
+            pixels = self.image(scene)
+            return [
+                bos,
+                ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False),
+            ]
+        if task == "video_to_text":
+            return [bos, VisualSegment(self.video(scene), predict=False)]
+        if task == "audio_to_text":
+            return [bos, AudioSegment(self.speech(self.world.caption(scene), split, index, 0), predict=False)]
+        raise ValueError(f"{task!r} is not an understanding task")

@@ -1,0 +1,227 @@
+"""Evaluation of the unified model on ShapesWorld in every modality, and the gallery page of its outputs.
+
+For each task the model supports (its tokenizers) and the data enables, `evaluate` runs the model on
+`n` scenes and scores the result with the world's exact verifiers, next to a trivial baseline scored
+the same way on the same scenes:
+
+    text_to_image / text_to_video   verify_image / verify_video of the decoded generation;
+                                    baseline: random codes, decoded
+    image_to_text / video_to_text   exact match of the generated caption (verify_caption);
+    audio_to_text                   baseline: the most frequent training caption
+    text_to_audio                   verify_speech of the decoded generation; baseline: random codes
+
+`write_gallery` saves every sample (PNG, GIF, WAV) with a Markdown page that shows each beside its
+prompt and verifier score.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from zoo.datamodules.media import save_gif, save_png, save_wav
+from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
+from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
+from zoo.datamodules.shapes_render import verify_image, verify_video
+from zoo.datamodules.shapes_speech import SAMPLE_RATE, verify_speech
+from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
+from zoo.models.nfsp import unflatten_scales
+from zoo.models.unified import UnifiedModel
+
+GENERATION = ("text_to_image", "text_to_video", "text_to_audio")
+UNDERSTANDING = ("image_to_text", "video_to_text", "audio_to_text")
+
+
+@dataclass
+class Sample:
+    """One evaluated sample: what went in, what came out, how the verifier scored it."""
+
+    task: str
+    scene: Scene
+    prompt: str
+    output: str = ""  # generated caption (understanding) or "" (generation)
+    media: Tensor | None = None  # generated or given pixels / waveform
+    score: CaptionScore | None = None
+
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+
+
+def supported_tasks(model: UnifiedModel, data: ShapesMultimodalDataModule) -> list[str]:
+    tasks = []
+    for task in (*GENERATION, *UNDERSTANDING):
+        if data.weights.get(task, 0) <= 0:
+            continue
+        if "audio" in task and model.ncp is None:
+            continue
+        if "video" in task and (model.nfsp is None or not model.nfsp.tokenizer.temporal):
+            continue
+        if "image" in task and model.nfsp is None and not (task == "image_to_text" and data.image_context):
+            continue
+        tasks.append(task)
+    return tasks
+
+
+def _mean(scores: list[CaptionScore], field_name: str) -> float:
+    return sum(float(getattr(s, field_name)) for s in scores) / max(len(scores), 1)
+
+
+def _random_codes(model: UnifiedModel, n: int, frames: int, generator: torch.Generator) -> list[Tensor]:
+    nfsp = model.nfsp
+    size = nfsp.tokenizer.codebook_size
+    flat = torch.randint(0, size, (n, frames * nfsp.tokens_per_frame), generator=generator)
+    return unflatten_scales(flat, nfsp.scales, frames)
+
+
+@torch.no_grad()
+def evaluate(
+    model: UnifiedModel,
+    data: ShapesMultimodalDataModule,
+    n: int = 16,
+    split: str = "val",
+    cfg_scale: float = 2.0,
+    temperature: float = 1.0,
+    top_k: int | None = 8,
+    max_caption_tokens: int = 48,
+    max_audio_frames: int = 160,
+    seed: int = 0,
+    tasks: list[str] | None = None,
+) -> Evaluation:
+    """Score the model on `n` scenes of `split` per task; metrics are keyed `task/verifier`."""
+    if data.tokenizer is None:
+        data.setup("validate")
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    cpu_generator = torch.Generator().manual_seed(seed)
+    result = Evaluation()
+    for task in tasks or supported_tasks(model, data):
+        world = data.motion_world if "video" in task else data.world
+        scenes = world.scenes(split, n)
+        if task in GENERATION:
+            _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_audio_frames,
+                                 generator, cpu_generator, result)
+        else:
+            _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_caption_tokens,
+                                    generator, result)
+    return result
+
+
+def _verify(task: str, media: Tensor, scene: Scene, data: ShapesMultimodalDataModule) -> CaptionScore:
+    if task == "text_to_image":
+        return verify_image(media, scene)
+    if task == "text_to_video":
+        return verify_video(media, scene)
+    return verify_speech(media, scene, SAMPLE_RATE)
+
+
+def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_frames,
+                         generator, cpu_generator, result) -> None:  # noqa: ANN001 (internal)
+    prompts = [data.generation_prompt(task, s) for s in scenes]
+    if task == "text_to_audio":
+        codes = generate_audio(model, prompts, max_frames, temperature, top_k, None, generator)
+        media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
+        q, size = model.ncp.levels, model.ncp.size
+        baseline = [
+            model.ncp.decode(torch.randint(0, size, (1, max(len(c), 1), q), generator=cpu_generator))[0]
+            for c in codes
+        ]
+    else:
+        frames = data.layout.latent_frames(data.video_frames) if task == "text_to_video" else 1
+        codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k, None, generator)
+        media = list(model.nfsp.decode(codes).cpu())
+        baseline = list(model.nfsp.decode(_random_codes(model, len(scenes), frames, cpu_generator)).cpu())
+    scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
+    base = [_verify(task, m, s, data) for m, s in zip(baseline, scenes, strict=True)]
+    world = data.motion_world if "video" in task else data.world
+    for scene, m, score in zip(scenes, media, scores, strict=True):
+        result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
+    result.metrics.update({
+        f"{task}/exact": _mean(scores, "exact"),
+        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
+        f"{task}/baseline_exact": _mean(base, "exact"),
+        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
+    })
+
+
+def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_tokens,
+                            generator, result) -> None:  # noqa: ANN001 (internal)
+    world = data.motion_world if "video" in task else data.world
+    prompts = [data.understanding_prompt(task, s, i, split) for i, s in enumerate(scenes)]
+    batch = data.builder.collate_prompts(prompts).to(next(model.parameters()).device)
+    ids = generate_text_after(model, batch, max_tokens, temperature, top_k, None, None, generator)
+    texts = [data.decode(i) for i in ids]
+    include_motion = "video" in task
+    scores = [verify_caption(t, s, include_motion) for t, s in zip(texts, scenes, strict=True)]
+    frequent = Counter(world.caption(s) for s in world.scenes("train", 2048)).most_common(1)[0][0]
+    base = [verify_caption(frequent, s, include_motion) for s in scenes]
+    for prompt, scene, text, score in zip(prompts, scenes, texts, scores, strict=True):
+        media = next(seg for seg in prompt if hasattr(seg, "pixels") or hasattr(seg, "wave"))
+        given = getattr(media, "pixels", None)
+        given = given if given is not None else getattr(media, "wave", None)
+        result.samples.append(Sample(task, scene, world.caption(scene), text, given, score))
+    result.metrics.update({
+        f"{task}/exact": _mean(scores, "exact"),
+        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
+        f"{task}/baseline_exact": _mean(base, "exact"),
+        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
+    })
+
+
+def _save_media(sample: Sample, path: Path) -> str:
+    media = sample.media
+    if media is None:
+        return ""
+    if media.dim() == 1:
+        save_wav(media, path.with_suffix(".wav"), SAMPLE_RATE)
+        return path.with_suffix(".wav").name
+    big = torch.nn.functional.interpolate(
+        media.unsqueeze(0) if media.dim() == 3 else media.transpose(0, 1), scale_factor=4, mode="nearest"
+    )
+    if media.dim() == 3:
+        save_png(big[0], path.with_suffix(".png"))
+        return path.with_suffix(".png").name
+    save_gif(big.transpose(0, 1), path.with_suffix(".gif"))
+    return path.with_suffix(".gif").name
+
+
+def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "ShapesWorld gallery") -> Path:
+    """Save every sample's media and a Markdown page (`gallery.md`) plus `metrics.json`; returns the page."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=2) + "\n")
+    lines = [f"# {title}", "", "| task | verifier (model) | baseline |", "|---|---|---|"]
+    tasks = sorted({k.split("/")[0] for k in evaluation.metrics})
+    for task in tasks:
+        m = evaluation.metrics
+        model_cell = f"exact {m[f'{task}/exact']:.2f}, attributes {m[f'{task}/attribute_accuracy']:.2f}"
+        base_cell = (
+            f"exact {m[f'{task}/baseline_exact']:.2f}, "
+            f"attributes {m[f'{task}/baseline_attribute_accuracy']:.2f}"
+        )
+        lines.append(f"| {task} | {model_cell} | {base_cell} |")
+    for task in tasks:
+        lines += ["", f"## {task}", "", "| prompt | output | verifier |", "|---|---|---|"]
+        for i, sample in enumerate(s for s in evaluation.samples if s.task == task):
+            name = _save_media(sample, directory / f"{task}_{i:03d}")
+            link = f"![{task} {i}]({name})" if name.endswith((".png", ".gif")) else f"[{name}]({name})"
+            score = sample.score
+            verdict = "unreadable" if score is None or not score.parsed else (
+                f"{'exact' if score.exact else 'inexact'}, attributes {score.attribute_accuracy:.2f}"
+            )
+            if task in GENERATION:
+                lines.append(f"| {sample.prompt} | {link} | {verdict} |")
+            else:
+                output = sample.output or "(empty)"
+                lines.append(f"| {link} | {output} | {verdict} (truth: {sample.prompt}) |")
+    page = directory / "gallery.md"
+    page.write_text("\n".join(lines) + "\n")
+    return page
