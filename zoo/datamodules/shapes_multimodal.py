@@ -20,8 +20,10 @@ that classifier-free guidance needs (`<bos> <boi>` is its prompt).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader
 
 from zoo.datamodules.documents import DocumentDataModule
 from zoo.datamodules.sequence import (
@@ -73,6 +75,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         batch_size: documents per batch.
         num_workers: dataloader workers (rendering happens in them).
         seed: task draws, speech variation and shuffling.
+        predict_scenes: `zoo predict` answers every enabled task for this many val scenes (scored).
+        predict_captions: extra captions that `zoo predict` renders as images (and speech, when enabled).
+        predict_files: images (.png), videos (.gif or a folder of frames) and audio (.wav, .flac) that
+            `zoo predict` captions.
     """
 
     def __init__(
@@ -101,8 +107,14 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         batch_size: int = 16,
         num_workers: int = 0,
         seed: int = 0,
+        predict_scenes: int = 4,
+        predict_captions: list[str] | None = None,
+        predict_files: list[str] | None = None,
     ) -> None:
         super().__init__(vocab, seq_len, batch_size, 0.0, False, num_workers, seed, None)
+        self.predict_scenes = predict_scenes
+        self.predict_captions = list(predict_captions or [])
+        self.predict_files = list(predict_files or [])
         self.builder.layout = layout
         weights = (
             caption_weight,
@@ -207,6 +219,51 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         if task == "audio_to_text":
             return [bos, AudioSegment(spoken, predict=False), TextSegment([*caption, vocab.eos_id])]
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+
+    # -- zoo predict --------------------------------------------------------------------------------
+    def predict_requests(self) -> list:
+        """What `zoo predict` answers: val scenes per enabled task, the extra captions, the files."""
+        from zoo.datamodules.media import load_audio, load_image, load_video
+        from zoo.tasks.multimodal_eval import GENERATION, MediaRequest
+
+        if self.tokenizer is None:
+            self.setup("predict")
+        requests = []
+        for task in (t for t in TASKS if t != "caption" and self.weights[t] > 0):
+            world = self.motion_world if "video" in task else self.world
+            for i, scene in enumerate(world.scenes("val", self.predict_scenes)):
+                name = f"val{i:03d}"
+                if task in GENERATION:
+                    prompt = self.generation_prompt(task, scene)
+                    requests.append(MediaRequest(task, name, prompt, scene=scene))
+                else:
+                    document = self.understanding_prompt(task, scene, i)
+                    requests.append(MediaRequest(task, name, document=document, scene=scene))
+        for i, text in enumerate(self.predict_captions):
+            ids = [self.vocab.bos_id, *self.caption_ids(text)]
+            for task, opener in (("text_to_image", "<boi>"), ("text_to_audio", "<boa>")):
+                if self.weights[task] > 0:
+                    requests.append(MediaRequest(task, f"caption{i:03d}", [*ids, self.vocab.special(opener)]))
+        bos = TextSegment([self.vocab.bos_id])
+        for path in self.predict_files:
+            name = Path(path).stem
+            if path.lower().endswith((".wav", ".flac", ".ogg")):
+                document = [bos, AudioSegment(load_audio(path), predict=False)]
+                requests.append(MediaRequest("audio_to_text", name, document=document))
+            elif path.lower().endswith(".gif") or Path(path).is_dir():
+                video = load_video(path, frames=self.video_frames, size=self.image_size)
+                document = [bos, VisualSegment(video, predict=False)]
+                requests.append(MediaRequest("video_to_text", name, document=document))
+            else:
+                pixels = load_image(path, size=self.image_size)
+                media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
+                requests.append(MediaRequest("image_to_text", name, document=[bos, media]))
+        return requests
+
+    def predict_dataloader(self) -> DataLoader:
+        from zoo.tasks.multimodal_eval import MediaRequests
+
+        return DataLoader(self.predict_requests(), batch_size=self.batch_size, collate_fn=MediaRequests)
 
     # -- prompts for evaluation and the gallery ------------------------------------------------------
     def generation_prompt(self, task: str, scene: Scene) -> list[int]:

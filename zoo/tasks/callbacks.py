@@ -116,11 +116,19 @@ class GenerationWriter(BasePredictionWriter):
         rows = [row for batch in predictions for row in batch]
         path = Path(self.output)
         path.parent.mkdir(parents=True, exist_ok=True)
+        for row in rows:
+            if isinstance(row.get("media"), torch.Tensor):  # generated image / video / audio: a file beside
+                from zoo.tasks.multimodal_eval import save_media
+
+                folder = path.parent / f"{path.stem}_media"
+                folder.mkdir(exist_ok=True)
+                row["media"] = str(save_media(row["media"], folder / f"{row['task']}_{row['name']}"))
         with path.open("w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
         for row in rows:
-            print(f"{row.get('prompt', row['prompt_ids'])!r} -> {row.get('text', row['ids'])!r}")
+            source = row.get("prompt", row.get("name", row.get("prompt_ids")))
+            print(f"{source!r} -> {row.get('text', row.get('media', row.get('ids')))!r}")
         print(f"{len(rows)} generations written to {path}")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -176,21 +176,89 @@ def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k
     })
 
 
-def _save_media(sample: Sample, path: Path) -> str:
-    media = sample.media
-    if media is None:
-        return ""
+@dataclass
+class MediaRequest:
+    """One `zoo predict` request: a caption to render (`prompt` ids ending with the media opener) or
+    media to caption (`document`, a prompt document). `scene`, when known, lets the verifier score it."""
+
+    task: str
+    name: str
+    prompt: list[int] | None = None
+    document: list | None = None
+    scene: Scene | None = None
+
+
+class MediaRequests:
+    """A batch of requests. Deliberately not a list or dataclass: Lightning moves batches to the device by
+    walking collections, and scenes are frozen dataclasses it refuses; the model moves what it needs."""
+
+    def __init__(self, requests: list[MediaRequest]) -> None:
+        self.requests = list(requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+@torch.no_grad()
+def answer_requests(
+    model: UnifiedModel,
+    data: ShapesMultimodalDataModule,
+    requests: list[MediaRequest] | MediaRequests,
+    cfg_scale: float = 2.0,
+    temperature: float = 1.0,
+    top_k: int | None = 8,
+    max_caption_tokens: int = 48,
+    max_audio_frames: int = 160,
+) -> list[dict[str, object]]:
+    """Rows for `GenerationWriter`: {"task", "name", "text" or "media", "scores" when the scene is known}."""
+    model.eval()
+    if isinstance(requests, MediaRequests):
+        requests = requests.requests
+    rows: list[dict[str, object]] = []
+    for task in dict.fromkeys(r.task for r in requests):
+        chosen = [r for r in requests if r.task == task]
+        if task in GENERATION:
+            prompts = [r.prompt for r in chosen]
+            if task == "text_to_audio":
+                codes = generate_audio(model, prompts, max_audio_frames, temperature, top_k)
+                media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
+            else:
+                frames = data.layout.latent_frames(data.video_frames) if task == "text_to_video" else 1
+                media = list(model.nfsp.decode(generate_visual(model, prompts, frames, cfg_scale, temperature,
+                                                               top_k)).cpu())
+            for r, m in zip(chosen, media, strict=True):
+                row: dict[str, object] = {"task": task, "name": r.name, "prompt": data.decode(r.prompt)}
+                row["media"] = m
+                if r.scene is not None:
+                    row["scores"] = asdict(_verify(task, m, r.scene, data))
+                rows.append(row)
+        else:
+            device = next(model.parameters()).device
+            batch = data.builder.collate_prompts([r.document for r in chosen]).to(device)
+            ids = generate_text_after(model, batch, max_caption_tokens, temperature, None)
+            for r, out in zip(chosen, ids, strict=True):
+                text = data.decode(out)
+                row = {"task": task, "name": r.name, "text": text}
+                if r.scene is not None:
+                    row["scores"] = asdict(verify_caption(text, r.scene, "video" in task))
+                rows.append(row)
+    return rows
+
+
+def save_media(media: Tensor, path: Path, upscale: int = 4) -> Path:
+    """A waveform `[N]` as WAV, an image `[3, H, W]` as PNG, a video `[3, T, H, W]` as GIF (pixels scaled up
+    `upscale` times, nearest, so a 32-pixel image is visible on a page). Returns the written path."""
     if media.dim() == 1:
-        save_wav(media, path.with_suffix(".wav"), SAMPLE_RATE)
-        return path.with_suffix(".wav").name
-    big = torch.nn.functional.interpolate(
-        media.unsqueeze(0) if media.dim() == 3 else media.transpose(0, 1), scale_factor=4, mode="nearest"
-    )
+        return save_wav(media, path.with_suffix(".wav"), SAMPLE_RATE)
+    frames = media.unsqueeze(0) if media.dim() == 3 else media.transpose(0, 1)
+    big = torch.nn.functional.interpolate(frames, scale_factor=upscale, mode="nearest")
     if media.dim() == 3:
-        save_png(big[0], path.with_suffix(".png"))
-        return path.with_suffix(".png").name
-    save_gif(big.transpose(0, 1), path.with_suffix(".gif"))
-    return path.with_suffix(".gif").name
+        return save_png(big[0], path.with_suffix(".png"))
+    return save_gif(big.transpose(0, 1), path.with_suffix(".gif"))
+
+
+def _save_media(sample: Sample, path: Path) -> str:
+    return "" if sample.media is None else save_media(sample.media, path).name
 
 
 def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "ShapesWorld gallery") -> Path:

@@ -29,12 +29,20 @@ warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How `predict` and the sample callback generate text."""
+    """How `predict` and the sample callback generate: text, and media when the model has tokenizers.
+
+    cfg_scale: classifier-free guidance weight of image and video generation (0: off).
+    media_top_k: top-k of visual codes and audio levels (small codebooks want a tight filter).
+    max_audio_frames: longest generated audio, in codec frames.
+    """
 
     max_new_tokens: int = 48
     temperature: float = 0.8
     top_k: int | None = None
     top_p: float | None = 0.95
+    cfg_scale: float = 2.0
+    media_top_k: int | None = 8
+    max_audio_frames: int = 160
 
 
 def normalised_entropy(load: Tensor) -> Tensor:
@@ -184,10 +192,20 @@ class UnifiedPretraining(L.LightningModule):
             outputs = [out[: out.index(eos) + 1] if eos in out else out for out in outputs]
         return outputs
 
-    def predict_step(self, batch: list[list[int]], batch_idx: int) -> list[dict[str, object]]:
-        """Generate a continuation of each prompt (unified ids); decoded when the datamodule can decode."""
-        outputs = self.sample(batch)
+    def predict_step(self, batch: list, batch_idx: int) -> list[dict[str, object]]:
+        """Generate a continuation of each prompt (unified ids); decoded when the datamodule can decode.
+        Media requests (`zoo.tasks.multimodal_eval.MediaRequest`) get images, videos, audio or captions."""
         datamodule = getattr(self.trainer, "datamodule", None)
+        if not isinstance(batch, list):  # media requests (zoo.tasks.multimodal_eval.MediaRequests)
+            from zoo.tasks.multimodal_eval import answer_requests
+
+            s = self.sampling
+            with gathered(self.model) as model:
+                return answer_requests(
+                    model, datamodule, batch, s.cfg_scale, s.temperature, s.media_top_k,
+                    s.max_new_tokens, s.max_audio_frames,
+                )
+        outputs = self.sample(batch)
         decode = getattr(datamodule, "decode", None)
         score = getattr(datamodule, "score_text", None)
         results = []
