@@ -79,11 +79,20 @@ class FSDP2Strategy(ModelParallelStrategy):
 
 def high_precision_linears(model: UnifiedModel) -> set[nn.Module]:
     """Linear layers that stay in high precision whatever their shape: router gates (tiny, and routing
-    decisions are sensitive to rounding), the text head output and the MTP projections (the logits and
-    the first op of each MTP module, which DeepSeek-V3 also keeps in BF16)."""
+    decisions are sensitive to rounding), the text, NFSP and NCP output layers and the MTP projections
+    (the logits and the first op of each MTP module, which DeepSeek-V3 also keeps in BF16), and every
+    linear of the frozen visual tokenizer and audio codec."""
     keep: set[nn.Module] = {model.text_head.output}
     keep.update(m.gate for m in model.modules() if isinstance(m, Router))
     keep.update(module.proj for module in model.text_head.mtp)
+    # Media heads' logits likewise; the frozen tokenizers are never trained, so FP8 training buys nothing
+    # there and would only perturb the codes the model learns from.
+    if model.nfsp is not None:
+        keep.add(model.nfsp.head)
+        keep.update(m for m in model.nfsp.tokenizer.modules() if isinstance(m, nn.Linear))
+    if model.ncp is not None:
+        keep.update(model.ncp.heads)
+        keep.update(m for m in model.ncp.codec.modules() if isinstance(m, nn.Linear))
     return keep
 
 
