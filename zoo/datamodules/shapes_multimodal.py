@@ -34,7 +34,7 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.datamodules.shapes import Scene, ShapesWorld, stable_seed
+from zoo.datamodules.shapes import Scene, ShapesWorld, parse_caption, stable_seed
 from zoo.datamodules.shapes_render import render_image, render_video, to_tensor
 from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
 from zoo.tokenizers.text import TextTokenizer
@@ -219,6 +219,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         if task == "audio_to_text":
             return [bos, AudioSegment(spoken, predict=False), TextSegment([*caption, vocab.eos_id])]
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+
+    def score_text(self, text: str) -> dict[str, float]:
+        """A generated caption is grammatical when the ShapesWorld parser reads a scene from it."""
+        return {"grammatical": float(parse_caption(text) is not None)}
 
     # -- zoo predict --------------------------------------------------------------------------------
     def predict_requests(self) -> list:
