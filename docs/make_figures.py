@@ -1,6 +1,6 @@
 """Draws the figures of the docs from the code itself:
 
-.venv/bin/python docs/make_figures.py    # writes docs/group_mask.png
+.venv/bin/python docs/make_figures.py    # writes docs/group_mask.png and docs/img/sequence_layout.png
 """
 
 from pathlib import Path
@@ -11,7 +11,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from zoo.batch import PAD_DOC, group_attention_mask  # noqa: E402
+from zoo.batch import PAD_DOC, Modality, group_attention_mask  # noqa: E402
+from zoo.datamodules.sequence import (  # noqa: E402
+    AudioSegment,
+    MediaLayout,
+    SequenceBuilder,
+    TextSegment,
+    VisualSegment,
+)
+from zoo.tokenizers.vocab import UnifiedVocab  # noqa: E402
 
 
 def group_mask_figure(path: Path) -> None:
@@ -42,5 +50,47 @@ def group_mask_figure(path: Path) -> None:
     print(f"wrote {path}")
 
 
+def sequence_layout_figure(path: Path) -> None:
+    """What `SequenceBuilder` makes of one document: caption, image (scales 1, 2, 4), speech (5 frames),
+    caption. Rows: modality, group id, and the (t, h, w) Uni-RoPE coordinates of every position."""
+    vocab = UnifiedVocab(text_size=64)
+    builder = SequenceBuilder(vocab, 40, layout=MediaLayout(visual_scales=(1, 2, 4), audio_hop=4))
+    text = [vocab.text_offset + i for i in range(3)]
+    document = [
+        TextSegment([vocab.bos_id, *text], predict=False),
+        VisualSegment(torch.zeros(3, 16, 16)),
+        AudioSegment(torch.zeros(20)),
+        TextSegment([*text, vocab.eos_id]),
+    ]
+    batch = builder.collate([document])
+    n = int(batch.valid.sum())
+    modality = batch.modality[0, :n]
+    rows = {
+        "group id": batch.group_id[0, :n],
+        "t": batch.positions[0, 0, :n],
+        "h": batch.positions[1, 0, :n],
+        "w": batch.positions[2, 0, :n],
+    }
+    colours = {Modality.TEXT: "tab:blue", Modality.IMAGE: "tab:orange", Modality.AUDIO: "tab:green"}
+    fig, axes = plt.subplots(len(rows) + 1, 1, figsize=(9, 5.2), dpi=120, sharex=True)
+    axes[0].bar(range(n), 1, color=[colours[Modality(int(m))] for m in modality], width=1.0)
+    axes[0].set_yticks([])
+    axes[0].set_title(
+        "One document through SequenceBuilder: text (blue), image scales 1x1, 2x2, 4x4 (orange), "
+        "audio frames (green)",
+        fontsize=9,
+    )
+    for ax, (name, values) in zip(axes[1:], rows.items(), strict=True):
+        ax.step(range(n), values, where="mid", color="black", lw=1)
+        ax.scatter(range(n), values, c=[colours[Modality(int(m))] for m in modality], s=8, zorder=3)
+        ax.set_ylabel(name, rotation=0, ha="right", va="center")
+    axes[-1].set_xlabel("position in the row")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    print(f"wrote {path}")
+
+
 if __name__ == "__main__":
     group_mask_figure(Path(__file__).parent / "group_mask.png")
+    sequence_layout_figure(Path(__file__).parent / "img" / "sequence_layout.png")
