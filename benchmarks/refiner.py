@@ -1,0 +1,136 @@
+"""Benchmark of the diffusion refiner (zoo/models/refiner.py): PSNR of refined vs plainly upsampled decodes.
+
+Loads a trained `RefinerTraining` checkpoint (refiner + its degradation: the tokenizer's decode or a
+plain down-sampling), degrades held-out ShapesWorld images (the datamodule's "val" split, never trained
+on) exactly as in training, and compares against the clean images:
+  - the baseline: the condition plainly upsampled (the refiner's own `upsample` mode; bicubic too);
+  - the refiner's output at each requested number of sampling steps (same seed for every count).
+Also images/s of `refine` at each step count. Progress goes to stderr; the last stdout line is one JSON.
+
+    zoo fit --config configs/refiner/shapes.yaml                   # trains runs/refiner/checkpoints/last.ckpt
+    .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner/checkpoints/last.ckpt \
+        [--images 256 --steps 1 5 10 --png docs/img/refiner_samples.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, log, machine_info  # noqa: E402
+
+from zoo.tasks.refiner import RefinerTraining, comparison_grid, psnr, save_grid_png  # noqa: E402
+
+
+def held_out_images(size: int, count: int, seed: int) -> torch.Tensor:
+    """`count` images of the ShapesWorld validation split, [count, 3, size, size] in [-1, 1]."""
+    from zoo.datamodules.media_data import ShapesMediaDataModule
+
+    data = ShapesMediaDataModule(
+        kind="image", size=size, train_size=1, val_size=count, batch_size=count, seed=seed
+    )
+    data.setup("validate")
+    return next(iter(data.val_dataloader()))["pixels"][:count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", default="runs/refiner/checkpoints/last.ckpt")
+    parser.add_argument("--images", type=int, default=256, help="held-out images evaluated")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--steps", type=int, nargs="+", default=None, help="sampling steps (default: the refiner's)"
+    )
+    parser.add_argument("--data-seed", type=int, default=0, help="ShapesMediaDataModule seed (its val split)")
+    parser.add_argument(
+        "--png", default=None, help="write condition | upsampled | refined | target of 8 images here"
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0, help="sampling noise seed")
+    args = parser.parse_args()
+    machine = machine_info(args.threads)
+    if not Path(args.checkpoint).is_file():
+        raise SystemExit(
+            f"{args.checkpoint} does not exist: train one with `zoo fit --config configs/refiner/shapes.yaml`"
+        )
+    task = RefinerTraining.load_from_checkpoint(args.checkpoint, map_location="cpu").eval()
+    refiner, degradation = task.refiner, task.degradation
+    steps_list = args.steps or [refiner.num_inference_steps]
+    images = held_out_images(refiner.image_size, args.images, args.data_seed)
+    what = type(degradation).__name__
+    log(f"{len(images)} held-out {refiner.image_size}px images; degradation {what}; {machine}")
+
+    conditions, upsampled, bicubic = [], [], []
+    with torch.no_grad():
+        for batch in images.split(args.batch_size):
+            c = degradation(batch)
+            conditions.append(c)
+            upsampled.append(refiner.upsampled(c))
+            size = (refiner.image_size, refiner.image_size)
+            bicubic.append(F.interpolate(c, size=size, mode="bicubic", align_corners=False).clamp(-1, 1))
+    condition = torch.cat(conditions)
+    # How faithful the condition is at its own resolution (for a tokenizer: its reconstruction PSNR).
+    low = F.interpolate(images, size=tuple(condition.shape[-2:]), mode="area")
+    psnr_condition = psnr(condition, low).mean().item()
+    psnr_up = psnr(torch.cat(upsampled), images).mean().item()
+    psnr_bicubic = psnr(torch.cat(bicubic), images).mean().item()
+    log(f"plain upsampling ({refiner.upsample}): {psnr_up:.2f} dB, bicubic {psnr_bicubic:.2f} dB")
+
+    by_steps: dict[int, dict[str, float]] = {}
+    first_refined = None
+    for steps in steps_list:
+        generator = torch.Generator().manual_seed(args.seed)
+        refined = []
+        start = time.perf_counter()
+        for c in condition.split(args.batch_size):
+            refined.append(refiner.refine(c, steps=steps, generator=generator))
+        seconds = time.perf_counter() - start
+        out = torch.cat(refined)
+        first_refined = out if first_refined is None else first_refined
+        by_steps[steps] = {
+            "psnr": round(psnr(out, images).mean().item(), 3),
+            "images_per_s": round(len(images) / seconds, 2),
+        }
+        log(f"{steps} steps: {by_steps[steps]['psnr']:.2f} dB, {len(images) / seconds:.1f} images/s")
+    if args.png:
+        shown = (condition[:8], torch.cat(upsampled)[:8], first_refined[:8], images[:8])
+        save_grid_png(comparison_grid(*shown), args.png, scale=3)
+        log(f"wrote {args.png}")
+
+    main_steps = steps_list[0]
+    refined_psnr = by_steps[main_steps]["psnr"]
+    emit(
+        {
+            "benchmark": "refiner",
+            "psnr_refined": refined_psnr,
+            "psnr_upsampled": round(psnr_up, 3),
+            "psnr_bicubic": round(psnr_bicubic, 3),
+            "psnr_condition_vs_downsampled_target": round(psnr_condition, 3),
+            "psnr_gain_db": round(refined_psnr - psnr_up, 3),
+            "psnr_gain_vs_bicubic_db": round(refined_psnr - psnr_bicubic, 3),
+            "sampling_steps": main_steps,
+            "images_per_s": by_steps[main_steps]["images_per_s"],
+            "by_steps": {str(k): v for k, v in by_steps.items()},
+            "scheduler": refiner.scheduler,
+            "prediction_type": refiner.prediction_type,
+            "degradation": type(degradation).__name__,
+            "condition_size": list(condition.shape[-2:]),
+            "image_size": refiner.image_size,
+            "images": len(images),
+            "refiner_params": sum(p.numel() for p in refiner.parameters()),
+            "checkpoint": args.checkpoint,
+            **machine,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
