@@ -1,0 +1,201 @@
+"""Benchmark of the visual tokenizer (zoo/tokenizers/visual.py) on held-out ShapesWorld images and videos.
+
+Reports, in one JSON line:
+- PSNR of reconstructions per number of scales decoded (1..K) on held-out ("val") 32x32 images, and the
+  codebook usage (share of entries used by those images, all scales together, and per scale);
+- against baselines in the same run: plain bicubic down/up-sampling through the latent grid (the same
+  number of "pixels" as the finest scale, in continuous colour) and, when given, a single-scale VQ
+  tokenizer with the same codebook trained with the same budget (`--single_scale_weights`);
+- video: PSNR on held-out 5-frame videos of the causal 3D tokenizer (`--video_weights`, e.g. inflated
+  from the 2D one and fine-tuned) against the 2D tokenizer applied frame by frame;
+- encode+decode images/s of the tokenizer, timed interleaved with the bicubic baseline.
+
+It loads trained weights (the `visual_tokenizer.safetensors` that `zoo fit` writes) and rebuilds the
+tokenizers from the YAML configs; it does not train.
+
+    .venv/bin/python benchmarks/visual_tokenizer.py \
+        --weights runs/visual_2d/visual_tokenizer.safetensors \
+        [--single_scale_weights runs/visual_2d_single/visual_tokenizer.safetensors] \
+        [--video_weights runs/visual_3d/visual_tokenizer.safetensors]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_common_args, emit, log, machine_info, time_interleaved  # noqa: E402
+
+from zoo.datamodules.shapes import ShapesWorld  # noqa: E402
+from zoo.datamodules.shapes_render import render_image, render_video, to_tensor  # noqa: E402
+from zoo.tokenizers.visual import VisualTokenizer, psnr  # noqa: E402
+from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "tokenizers"
+
+
+def build(config: Path, weights: str, **quantizer_overrides) -> VisualTokenizer:
+    """The tokenizer of a task YAML (model.init_args.tokenizer) with trained weights."""
+    spec = yaml.safe_load(config.read_text())["model"]["init_args"]["tokenizer"]["init_args"]
+    q = {**spec.pop("quantizer")["init_args"], **quantizer_overrides}
+    q["scales"] = tuple(q["scales"])
+    spec["channels"] = tuple(spec["channels"])
+    return VisualTokenizer(**spec, quantizer=MultiScaleQuantizer(**q), weights=weights).eval()
+
+
+def bicubic(images: torch.Tensor, side: int) -> torch.Tensor:
+    small = F.interpolate(images, size=(side, side), mode="area")
+    return F.interpolate(small, size=images.shape[-2:], mode="bicubic", align_corners=False).clamp(-1, 1)
+
+
+def mean_psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    return round(float(psnr(a, b).mean()), 2)
+
+
+def write_figure(path: Path, tok: VisualTokenizer, images: torch.Tensor) -> None:
+    """Rows: the originals, then their decodes from the first 1, 2, .., K scales."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    codes = tok.encode(images)
+    rows = [("original", images)] + [
+        (
+            f"{m} scale{'s' if m > 1 else ''} (to {tok.scales[m - 1]}x{tok.scales[m - 1]})",
+            tok.decode(codes[:m]),
+        )
+        for m in range(1, len(codes) + 1)
+    ]
+    fig, axes = plt.subplots(len(rows), len(images), figsize=(1.1 * len(images), 1.15 * len(rows)))
+    for r, (label, pixels) in enumerate(rows):
+        for c in range(len(images)):
+            ax = axes[r, c]
+            ax.imshow(((pixels[c].clamp(-1, 1) + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(label, fontsize=7)
+        if r:
+            p = psnr(pixels, images).mean()
+            axes[r, -1].set_title(f"{p:.1f} dB", fontsize=7, loc="right")
+    fig.tight_layout(pad=0.2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--weights", required=True, help="2D tokenizer safetensors (zoo fit visual_2d.yaml)")
+    parser.add_argument("--config", default=str(CONFIGS / "visual_2d.yaml"))
+    parser.add_argument(
+        "--single_scale_weights",
+        default=None,
+        help="baseline: the same config trained with scales [8] (one scale)",
+    )
+    parser.add_argument("--video_weights", default=None, help="3D tokenizer safetensors (visual_3d.yaml)")
+    parser.add_argument("--video_config", default=str(CONFIGS / "visual_3d.yaml"))
+    parser.add_argument("--images", type=int, default=256, help="held-out images")
+    parser.add_argument("--videos", type=int, default=32, help="held-out 5-frame videos")
+    parser.add_argument("--batch", type=int, default=64, help="batch size of the throughput timing")
+    parser.add_argument(
+        "--figure",
+        default=None,
+        help="write a PNG of originals over decodes from 1..K scales (and the video row)",
+    )
+    add_common_args(parser, repeats=5)
+    args = parser.parse_args()
+    info = machine_info(args.threads)
+    torch.manual_seed(args.seed)
+
+    tok = build(Path(args.config), args.weights)
+    size, grid = tok.image_size, tok.scales[-1]
+    world = ShapesWorld(seed=0)
+    images = torch.stack([to_tensor(render_image(s, size)) for s in world.scenes("val", args.images)])
+    log(f"{len(images)} held-out images of {size}x{size}; latent grid {grid}x{grid}, scales {tok.scales}")
+
+    codes = tok.encode(images)
+    psnr_per_scales = {str(m): mean_psnr(tok.decode(codes[:m]), images) for m in range(1, len(codes) + 1)}
+    usage, perplexity = usage_statistics(torch.cat([c.flatten() for c in codes]), tok.codebook_size)
+    per_scale_usage = [round(usage_statistics(c, tok.codebook_size)[0], 4) for c in codes]
+    result: dict[str, object] = {
+        "benchmark": "visual_tokenizer",
+        "images": len(images),
+        "image_size": size,
+        "scales": list(tok.scales),
+        "codebook_size": tok.codebook_size,
+        "latent_dim": tok.latent_dim,
+        "psnr_per_scales_decoded": psnr_per_scales,
+        "psnr": psnr_per_scales[str(len(codes))],
+        "codebook_usage": round(usage, 4),
+        "codebook_perplexity": round(perplexity, 1),
+        "codebook_usage_per_scale": per_scale_usage,
+        "baseline_bicubic_psnr": mean_psnr(bicubic(images, grid), images),
+        "baseline_bicubic_per_scale_psnr": {
+            str(s): mean_psnr(bicubic(images, s), images) for s in tok.scales
+        },
+    }
+    result["psnr_gain_over_bicubic_db"] = round(result["psnr"] - result["baseline_bicubic_psnr"], 2)
+
+    if args.single_scale_weights:
+        single = build(Path(args.config), args.single_scale_weights, scales=(grid,))
+        c1 = single.encode(images)
+        result["baseline_single_scale_vq_psnr"] = mean_psnr(single.decode(c1), images)
+        result["baseline_single_scale_vq_usage"] = round(usage_statistics(c1[0], single.codebook_size)[0], 4)
+        result["psnr_gain_over_single_scale_db"] = round(
+            result["psnr"] - result["baseline_single_scale_vq_psnr"], 2
+        )
+
+    if args.video_weights:
+        video_tok = build(Path(args.video_config), args.video_weights)
+        moving = ShapesWorld(seed=0, include_motion=True)
+        videos = torch.stack([to_tensor(render_video(s, 5, size)) for s in moving.scenes("val", args.videos)])
+        vcodes = video_tok.encode(videos)
+        result["video_frames"] = videos.shape[2]
+        result["video_latent_frames"] = vcodes[0].shape[1]
+        result["video_psnr_per_scales_decoded"] = {
+            str(m): mean_psnr(video_tok.decode(vcodes[:m]).flatten(1), videos.flatten(1))
+            for m in range(1, len(vcodes) + 1)
+        }
+        result["video_psnr"] = result["video_psnr_per_scales_decoded"][str(len(vcodes))]
+        frames = videos.transpose(1, 2).flatten(0, 1)
+        per_frame = tok.decode(tok.encode(frames)).unflatten(0, videos.shape[:1] + videos.shape[2:3])
+        result["baseline_2d_per_frame_video_psnr"] = mean_psnr(
+            per_frame.transpose(1, 2).flatten(1), videos.flatten(1)
+        )
+        result["video_codes_per_frame_vs_2d"] = round(vcodes[0].shape[1] / videos.shape[2], 3)
+
+    if args.figure:
+        write_figure(Path(args.figure), tok, images[:8])
+        log(f"wrote {args.figure}")
+
+    batch = images[: args.batch]
+
+    def tokenizer_round_trip() -> torch.Tensor:
+        return tok.decode(tok.encode(batch))
+
+    def bicubic_round_trip() -> torch.Tensor:
+        return bicubic(batch, grid)
+
+    medians, _, spread = time_interleaved(
+        {"tokenizer": tokenizer_round_trip, "bicubic": bicubic_round_trip}, args.warmup, args.repeats
+    )
+    result["encode_decode_images_per_s"] = round(len(batch) / medians["tokenizer"], 1)
+    result["bicubic_images_per_s"] = round(len(batch) / medians["bicubic"], 1)
+    result["timing_spread"] = spread
+    result["weights"] = args.weights
+    result["machine"] = info
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""Training the visual tokenizer (ERNIE 5.0 tokenizer stage; VAR's VQVAE recipe, MAGVIT-v2 for video).
+
+Loss = reconstruction (L1 + L2) + vq_weight * VAR's multi-scale VQ loss (commitment + phi), plus two
+optional, swappable terms, each a component chosen by `class_path` in YAML (null turns it off):
+
+- `PerceptualLoss`: distances between features of a FROZEN, randomly initialised conv net (no download;
+  random conv features are a usable LPIPS stand-in at this scale, and nothing pretrained is assumed).
+- `AdversarialLoss`: a PatchGAN discriminator with the hinge loss (VQGAN), switched on after
+  `start_step` so the autoencoder first learns to reconstruct. Generator and discriminator train in one
+  optimiser step: the generator's term sees the discriminator through detached parameters, so it cannot
+  move them, and the discriminator's term sees detached reconstructions.
+
+Videos are handled frame by frame by both optional terms. Validation logs PSNR per number of scales
+decoded, codebook usage and perplexity per scale, and a grid of originals over reconstructions from
+1..K scales (TensorBoard `add_image`). At the end of fit the tokenizer is written to
+`<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from a 2D one by inflation
+(`init_from_2d`, read at the start of fit).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from zoo.config import Configurable, to_config
+from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
+from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
+from zoo.weights import save_weights_file
+
+warnings.filterwarnings("ignore", message="Attribute '(tokenizer|reconstruction|perceptual|adversarial)'")
+
+WEIGHTS_NAME = "visual_tokenizer.safetensors"
+
+
+class ReconstructionLoss(Configurable, nn.Module):
+    """Pixel loss l1 * |x - y| + l2 * |x - y|^2 (means over all pixels).
+
+    Args:
+        l1: weight of the mean absolute error.
+        l2: weight of the mean squared error (what PSNR measures).
+    """
+
+    def __init__(self, l1: float = 1.0, l2: float = 1.0) -> None:
+        super().__init__()
+        self.l1, self.l2 = l1, l2
+
+    def forward(self, reconstruction: Tensor, target: Tensor) -> Tensor:
+        diff = reconstruction - target
+        return self.l1 * diff.abs().mean() + self.l2 * diff.pow(2).mean()
+
+
+class PerceptualLoss(Configurable, nn.Module):
+    """Feature distance under a frozen random conv net (an LPIPS-like term that needs no download).
+
+    Args:
+        weight: multiplier of the loss.
+        channels: widths of the conv stages (each stride 2 after the first), features taken after each.
+        seed: seed of the random, frozen weights (part of the config, so the loss is reproducible).
+    """
+
+    def __init__(self, weight: float = 0.1, channels: tuple[int, ...] = (32, 64, 64), seed: int = 0) -> None:
+        super().__init__()
+        self.weight, self.channels, self.seed = weight, tuple(channels), seed
+        generator = torch.Generator().manual_seed(seed)
+        layers, cin = [], 3
+        for i, c in enumerate(self.channels):
+            conv = nn.Conv2d(cin, c, 3, stride=1 if i == 0 else 2, padding=1)
+            with torch.no_grad():
+                conv.weight.normal_(0, math.sqrt(2 / (cin * 9)), generator=generator)
+                conv.bias.zero_()
+            layers.append(conv)
+            cin = c
+        self.stages = nn.ModuleList(layers)
+        self.requires_grad_(False)
+
+    def features(self, x: Tensor) -> list[Tensor]:
+        feats = []
+        for conv in self.stages:
+            x = F.relu(conv(x))
+            feats.append(x / (x.pow(2).mean(1, keepdim=True).sqrt() + 1e-6))  # unit scale per position
+        return feats
+
+    def forward(self, reconstruction: Tensor, target: Tensor) -> Tensor:
+        def one(x: Tensor, y: Tensor) -> Tensor:
+            return sum(F.mse_loss(a, b) for a, b in zip(self.features(x), self.features(y), strict=True))
+
+        if reconstruction.dim() == 5:
+            reconstruction, target = (v.transpose(1, 2).flatten(0, 1) for v in (reconstruction, target))
+        return self.weight * one(reconstruction, target)
+
+
+class PatchDiscriminator(Configurable, nn.Module):
+    """PatchGAN discriminator (pix2pix / VQGAN): strided convs to a map of real/fake logits.
+
+    Args:
+        channels: widths of the conv stages; every stage but the last halves the resolution.
+    """
+
+    def __init__(self, channels: tuple[int, ...] = (32, 64, 128)) -> None:
+        super().__init__()
+        self.channels = tuple(channels)
+        layers: list[nn.Module] = []
+        cin = 3
+        for i, c in enumerate(self.channels):
+            stride = 2 if i + 1 < len(self.channels) else 1
+            layers += [nn.Conv2d(cin, c, 4, stride=stride, padding=1)]
+            if i > 0:
+                layers.append(nn.GroupNorm(min(8, c), c))
+            layers.append(nn.LeakyReLU(0.2))
+            cin = c
+        layers.append(nn.Conv2d(cin, 1, 4, stride=1, padding=1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return per_frame(self.net, pixels)
+
+
+class AdversarialLoss(Configurable, nn.Module):
+    """Hinge GAN loss with a patch discriminator, active from `start_step` on.
+
+    Args:
+        discriminator: the discriminator network.
+        weight: multiplier of the generator's term.
+        start_step: global step from which both terms are used.
+        lr: learning rate of the discriminator (its own AdamW parameter group).
+    """
+
+    def __init__(
+        self,
+        discriminator: PatchDiscriminator | None = None,
+        weight: float = 0.1,
+        start_step: int = 500,
+        lr: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        self.discriminator = discriminator if discriminator is not None else PatchDiscriminator()
+        self.weight, self.start_step, self.lr = weight, start_step, lr
+
+    def generator_loss(self, reconstruction: Tensor) -> Tensor:
+        # The discriminator's parameters enter detached: this term must not train them.
+        params = {k: v.detach() for k, v in self.discriminator.named_parameters()}
+        logits = functional_call(self.discriminator, params, (reconstruction,))
+        return -self.weight * logits.mean()
+
+    def discriminator_loss(self, reconstruction: Tensor, target: Tensor) -> Tensor:
+        real = self.discriminator(target)
+        fake = self.discriminator(reconstruction.detach())
+        return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
+
+
+class VisualTokenizerTraining(L.LightningModule):
+    """Trains a `VisualTokenizer` on batches {"pixels": [B, 3, H, W] or [B, 3, T, H, W]}.
+
+    Args:
+        tokenizer: the 2D or causal 3D tokenizer.
+        reconstruction: pixel loss (None: L1 + L2, weight 1 each).
+        vq_weight: weight of the quantiser's VQ loss.
+        perceptual: optional frozen-feature loss (None: off).
+        adversarial: optional hinge GAN loss (None: off).
+        lr: peak AdamW learning rate of the tokenizer.
+        betas: AdamW betas.
+        weight_decay: decoupled weight decay of conv kernels.
+        warmup_steps: linear warm-up, then cosine decay to `min_lr_ratio * lr`.
+        min_lr_ratio: the final learning rate as a fraction of `lr`.
+        init_from_2d: a 2D tokenizer's .safetensors (same channels and quantiser) to inflate into this 3D
+            tokenizer when fit starts (not at construction, so configs parse without the file).
+        image_log_every_n_epochs: how often the validation image grid is logged (0: never).
+    """
+
+    def __init__(
+        self,
+        tokenizer: VisualTokenizer,
+        reconstruction: ReconstructionLoss | None = None,
+        vq_weight: float = 1.0,
+        perceptual: PerceptualLoss | None = None,
+        adversarial: AdversarialLoss | None = None,
+        lr: float = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        weight_decay: float = 0.0,
+        warmup_steps: int = 20,
+        min_lr_ratio: float = 0.05,
+        init_from_2d: str | None = None,
+        image_log_every_n_epochs: int = 1,
+    ) -> None:
+        super().__init__()
+        # As UnifiedPretraining: modules are stored in the hyper-parameters as their config, never pickled,
+        # so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters()
+        if "_instantiator" not in self.hparams:
+            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
+            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        self.tokenizer = tokenizer
+        self.reconstruction = reconstruction if reconstruction is not None else ReconstructionLoss()
+        self.perceptual = perceptual
+        self.adversarial = adversarial
+        self.vq_weight, self.lr, self.betas = vq_weight, lr, tuple(betas)
+        self.weight_decay, self.warmup_steps, self.min_lr_ratio = weight_decay, warmup_steps, min_lr_ratio
+        self.init_from_2d = init_from_2d
+        self.image_log_every_n_epochs = image_log_every_n_epochs
+        self._val_codes: list[list[Tensor]] = []
+        self._val_images: Tensor | None = None
+
+    # --- setup ---------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        if stage != "fit" or self.init_from_2d is None:
+            return
+        if not self.tokenizer.temporal:
+            raise ValueError(
+                "init_from_2d inflates a 2D tokenizer into a 3D one, but `tokenizer` is 2D "
+                "(set temporal: true)"
+            )
+        path = Path(self.init_from_2d)
+        tok = self.tokenizer
+        twin = VisualTokenizer(
+            image_size=tok.image_size,
+            channels=tok.channels,
+            num_res_blocks=tok.init_args["num_res_blocks"],
+            quantizer=MultiScaleQuantizer(**tok.quantizer.init_args),
+            weights=str(path),
+        )
+        tok.inflate(twin)
+
+    # --- losses --------------------------------------------------------------------------------------
+
+    def _pixels(self, batch: dict[str, Tensor]) -> Tensor:
+        if not isinstance(batch, dict) or "pixels" not in batch:
+            got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+            raise ValueError(
+                f"batches must be dicts with 'pixels' (ShapesMediaDataModule kind image/video); got {got}"
+            )
+        return batch["pixels"]
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        pixels = self._pixels(batch)
+        rec, _, vq_loss = self.tokenizer(pixels)
+        logs = {"train/reconstruction": self.reconstruction(rec, pixels), "train/vq": vq_loss}
+        loss = logs["train/reconstruction"] + self.vq_weight * vq_loss
+        if self.perceptual is not None:
+            logs["train/perceptual"] = self.perceptual(rec, pixels)
+            loss = loss + logs["train/perceptual"]
+        if self.adversarial is not None and self.global_step >= self.adversarial.start_step:
+            logs["train/generator_adv"] = self.adversarial.generator_loss(rec)
+            logs["train/discriminator"] = self.adversarial.discriminator_loss(rec, pixels)
+            loss = loss + logs["train/generator_adv"] + logs["train/discriminator"]
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite tokenizer loss ({loss.item()}) at global step {self.global_step}; "
+                "training stopped before updating the weights"
+            )
+        logs["train/psnr"] = psnr(rec.detach(), pixels).mean()
+        self.log_dict({k: v.detach() for k, v in logs.items()}, on_step=True, batch_size=pixels.shape[0])
+        self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=pixels.shape[0])
+        return loss
+
+    # --- validation: PSNR per scales decoded, codebook usage, images ---------------------------------
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_codes, self._val_images = [], None
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        pixels = self._pixels(batch)
+        tok = self.tokenizer
+        codes = tok.encode(pixels)
+        b = pixels.shape[0]
+        decodes = []
+        for m in range(1, len(tok.scales) + 1):
+            rec = tok.decode(codes[:m])
+            self.log(f"val/psnr_scales_{m}", psnr(rec, pixels).mean(), batch_size=b, sync_dist=True)
+            decodes.append(rec)
+        self.log("val/psnr", psnr(decodes[-1], pixels).mean(), prog_bar=True, batch_size=b, sync_dist=True)
+        self._val_codes.append([c.cpu() for c in codes])
+        if batch_idx == 0:
+            n = min(8, b)
+            first = (lambda v: v[:n, :, 0]) if pixels.dim() == 5 else (lambda v: v[:n])
+            self._val_images = torch.cat([first(pixels)] + [first(d) for d in decodes]).cpu()
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_codes:
+            return
+        size = self.tokenizer.codebook_size
+        per_scale = [torch.cat(c) for c in zip(*self._val_codes, strict=True)]
+        for k, codes in enumerate(per_scale):
+            usage, perplexity = usage_statistics(codes, size)
+            self.log(f"val/codebook_usage_scale_{k + 1}", usage)
+            self.log(f"val/perplexity_scale_{k + 1}", perplexity)
+        usage, perplexity = usage_statistics(torch.cat([c.flatten() for c in per_scale]), size)
+        self.log("val/codebook_usage", usage, prog_bar=True)
+        self.log("val/perplexity", perplexity)
+        self._log_images()
+
+    def _log_images(self) -> None:
+        every = self.image_log_every_n_epochs
+        experiment = getattr(self.logger, "experiment", None) if self._trainer is not None else None
+        if self._val_images is None or not every or self.current_epoch % every or experiment is None:
+            return
+        if not hasattr(experiment, "add_image"):
+            return
+        import torchvision.utils
+
+        rows = len(self.tokenizer.scales) + 1
+        n = self._val_images.shape[0] // rows
+        grid = torchvision.utils.make_grid(
+            (self._val_images.clamp(-1, 1) + 1) / 2, nrow=n, padding=1, pad_value=0.5
+        )
+        experiment.add_image("val/originals_then_1_to_K_scales", grid, self.global_step)
+
+    # --- optimiser, output -----------------------------------------------------------------------------
+
+    def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
+        decay, no_decay = [], []
+        for p in self.tokenizer.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        groups = [
+            {"params": decay, "weight_decay": self.weight_decay, "lr": self.lr},
+            {"params": no_decay, "weight_decay": 0.0, "lr": self.lr},
+        ]
+        if self.adversarial is not None:
+            groups.append(
+                {
+                    "params": list(self.adversarial.parameters()),
+                    "weight_decay": 0.0,
+                    "lr": self.adversarial.lr,
+                }
+            )
+        optimizer = torch.optim.AdamW(groups, betas=self.betas)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, floor = min(self.warmup_steps, total), self.min_lr_ratio
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_end(self) -> None:
+        if self.trainer.is_global_zero:
+            save_weights_file(self.tokenizer, Path(self.trainer.default_root_dir) / WEIGHTS_NAME)
