@@ -1,1 +1,34 @@
-"""Post-training with reinforcement learning on verifiable rewards (ERNIE 5.0 RL stage)."""
+"""Post-training with reinforcement learning on verifiable rewards (ERNIE 5.0 RL stage).
+
+`zoo.rl.losses` (GRPO / GSPO / IcePop / MISC / WPSM), `zoo.rl.hints` (AHRL), `zoo.rl.verifiers` (queries,
+verifiers, the worker pool), `zoo.rl.tasks_text`, `zoo.rl.rollout` (inference engine, router replay),
+`zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.data` and `zoo.rl.task.RLTask`.
+
+Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
+for Lightning.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "RLTask": "zoo.rl.task",
+    "RolloutConfig": "zoo.rl.task",
+    "RLDataModule": "zoo.rl.data",
+    "PolicyLossConfig": "zoo.rl.losses",
+    "MismatchBounds": "zoo.rl.losses",
+    "policy_loss": "zoo.rl.losses",
+    "group_advantages": "zoo.rl.losses",
+    "HintSchedule": "zoo.rl.hints",
+    "HintController": "zoo.rl.hints",
+    "Query": "zoo.rl.verifiers",
+    "VerifierPool": "zoo.rl.verifiers",
+    "TextTasks": "zoo.rl.tasks_text",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'zoo.rl' has no attribute {name!r}")

@@ -1,0 +1,130 @@
+"""Rollout Router Replay (R3) and the trainer's side of the train/inference mismatch (ERNIE 5.0 RL section).
+
+An MoE policy's inference engine and trainer can route the same token to different experts (bf16/FP8
+rounding flips near-ties), which adds to the l_old - l_inf mismatch. With replay, the trainer's forward
+forces the expert *sets* the engine recorded (`Rollout.routing`) while the gate weights over them come
+from the live router (`Router(forced_indices=...)`), so the router still gets gradients.
+`sequence_logprobs` computes the trainer's log-probs of rollouts' response tokens with or without it;
+`routing_agreement` and `mismatch_kl` measure what it buys.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from zoo.batch import PAD_DOC, GroupBatch
+from zoo.models.generation import text_batch
+from zoo.parallel import gathered
+
+if TYPE_CHECKING:
+    from zoo.models.unified import UnifiedModel
+    from zoo.rl.rollout import Rollout
+
+
+def sequence_logprobs(
+    model: UnifiedModel,
+    rollouts: list[Rollout],
+    replay: bool = False,
+    grad: bool | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> list[Tensor] | tuple[list[Tensor], list[Tensor]]:
+    """The trainer's log-probs of each rollout's response tokens (prompt and hint excluded).
+
+    Entry t of rollout i is log p(response[t] | prompt + response[:t]) under `log_softmax(logits /
+    temperature)`, aligned with `Rollout.inf_logprobs` (temperature 0 means 1, as in the engine).
+    replay: Rollout Router Replay: every MoE layer uses the rollout's recorded expert sets while the gate
+    weights over them come from the live router (`Router(forced_indices=...)`), so the router still
+    learns. grad: None follows `torch.is_grad_enabled()`; False computes without a graph.
+    with_entropy: also return the entropy of each predicted distribution, `[len(response)]` per rollout.
+    A sharded (FSDP2) model is gathered for the pass: call it on every rank; with grad it is untested.
+    """
+    if not rollouts:
+        return ([], []) if with_entropy else []
+    device = next(model.parameters()).device
+    batch = _full_sequences(model, rollouts, device)
+    routing = _replay_routing(model, rollouts) if replay else None
+    # Position P-1+t predicts response token t: right padding keeps each row's predictors contiguous.
+    picked = torch.zeros_like(batch.input_ids, dtype=torch.bool)
+    targets = []
+    for row, r in enumerate(rollouts):
+        start = len(r.prompt_ids) - 1
+        picked[row, start : start + len(r.response_ids)] = True
+        targets += r.response_ids
+    enabled = torch.is_grad_enabled() if grad is None else grad
+    with torch.set_grad_enabled(enabled), gathered(model):
+        hidden = model.backbone(model.embed(batch), batch, routing=routing).hidden
+        logits = model.text_head.logits(hidden[picked]).float()
+        logp = (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+        chosen = logp.gather(-1, torch.tensor(targets, device=device)[:, None])[:, 0]
+        sizes = [len(r.response_ids) for r in rollouts]
+        logprobs = list(chosen.split(sizes))
+        if not with_entropy:
+            return logprobs
+        entropy = -(logp.exp() * logp).sum(-1)
+        return logprobs, list(entropy.split(sizes))
+
+
+def _full_sequences(model: UnifiedModel, rollouts: list[Rollout], device: torch.device) -> GroupBatch:
+    """prompt + response of each rollout, right-padded, one document a row."""
+    seqs = [r.prompt_ids + r.response_ids for r in rollouts]
+    longest = max(len(s) for s in seqs)
+    if longest > model.backbone.max_seq_len:
+        raise ValueError(f"a rollout of {longest} tokens exceeds max_seq_len={model.backbone.max_seq_len}")
+    ids = torch.full((len(seqs), longest), model.vocab.pad_id, dtype=torch.long, device=device)
+    doc = torch.full_like(ids, PAD_DOC)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long, device=device)
+        doc[row, : len(seq)] = 0
+    index = torch.arange(longest, device=device).expand(len(seqs), -1).contiguous()
+    return text_batch(ids, doc, index)
+
+
+def _replay_routing(model: UnifiedModel, rollouts: list[Rollout]) -> dict[int, Tensor]:
+    """Per MoE layer, the recorded expert ids of every valid position in row-major order (right padding
+    puts each row's positions first, so this is the rollouts' recordings one after the other)."""
+    device = next(model.parameters()).device
+    layers = [i for i, block in enumerate(model.backbone.layers) if block.is_moe]
+    for i, r in enumerate(rollouts):
+        seq = r.prompt_ids + r.response_ids
+        if r.routing is None:
+            raise ValueError(f"rollout {i} has no recorded routing: generate with record_routing=True")
+        for layer in layers:
+            got = r.routing.get(layer)
+            if got is None or got.shape[0] != len(seq):
+                shape = None if got is None else tuple(got.shape)
+                raise ValueError(
+                    f"rollout {i}: routing of MoE layer {layer} has shape {shape}, expected "
+                    f"[{len(seq)} (prompt + response), top_k]"
+                )
+    return {layer: torch.cat([r.routing[layer] for r in rollouts]).to(device) for layer in layers}
+
+
+@torch.no_grad()
+def routing_agreement(model: UnifiedModel, rollouts: list[Rollout], replay: bool = False) -> float:
+    """Fraction of (position, MoE layer) where the trainer's expert set equals the recorded one."""
+    batch = _full_sequences(model, rollouts, next(model.parameters()).device)
+    recorded = _replay_routing(model, rollouts)
+    with gathered(model):
+        out = model.backbone(model.embed(batch), batch, routing=recorded if replay else None)
+    same = [
+        (chosen.sort(-1).values == recorded[layer].sort(-1).values).all(-1)
+        for layer, chosen in out.routing.items()
+    ]
+    return float(torch.cat(same).float().mean())
+
+
+def mismatch_kl(inf_logprobs: list[Tensor], train_logprobs: list[Tensor]) -> Tensor:
+    """Token-mean k3 estimate of KL(pi_inf || pi_train) on the sampled tokens: E[w - 1 - log w] with
+    w = pi_train / pi_inf (Schulman's unbiased, non-negative estimator)."""
+    inf = torch.cat([t.float() for t in inf_logprobs])
+    train = torch.cat([t.detach().float().to(inf.device) for t in train_logprobs])
+    if inf.shape != train.shape:
+        raise ValueError(f"{inf.numel()} inference log-probs but {train.numel()} trainer log-probs")
+    if inf.numel() == 0:
+        return inf.new_zeros(())
+    log_w = train - inf
+    return (log_w.exp() - 1 - log_w).mean()

@@ -1,0 +1,506 @@
+"""The rollout side of RL: an inference engine apart from the trained module, and router replay.
+
+ERNIE 5.0 (RL section) generates with a separate inference engine whose numerics differ from the
+trainer's, so three log-probs exist per token (REFERENCES.md part B, section 2): the engine's l_inf,
+the trainer's at the old weights l_old and the trainer's now l. This file holds:
+
+- `InferenceEngine`: its own copy of the weights (float32, bfloat16, or FP8 emulated by rounding every
+  FP8-eligible weight through float8_e4m3fn with one scale per tensor), synced after each update.
+  Generation is batched with the KV cache and *continuous*: `start`/`resume` queue sequences, `step`
+  advances every active one by a token, finished rows leave the batch and queued rows join it at once.
+  After `sync` in-flight rows are re-prefilled (prompt + partial response) under the new weights and
+  continue, each token recording the policy version that sampled it (slime/APRIL partial rollouts,
+  ERNIE U-RB). Per token it records l_inf and, per MoE layer, the chosen experts of every position.
+- `sequence_logprobs` (zoo/rl/replay.py, re-exported here): the trainer's log-probs of the response
+  tokens, optionally with Rollout Router Replay (R3).
+
+l_inf is `log_softmax(logits / temperature)` of the sampled token: the engine's temperature-scaled
+distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 = greedy records
+temperature 1). `sequence_logprobs` takes the same temperature, so that l_old - l_inf is the
+train/inference mismatch and nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from zoo.batch import PAD_DOC
+from zoo.models.backbone import KVCache
+from zoo.models.generation import left_pad, sample_next, text_batch
+from zoo.models.unified import UnifiedModel
+from zoo.parallel import fp8_module_filter, is_sharded
+
+if TYPE_CHECKING:
+    from zoo.rl.verifiers import Query
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["float32", "bfloat16", "fp8"]
+_CACHE_HEADROOM = 32  # columns added at a time when decoding outgrows the cache
+_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclass
+class Rollout:
+    """One sampled response and what the engine knew when it sampled it.
+
+    query: the task item. prompt_ids: unified ids fed before the response (any hint included; `hint_len`
+    of them are the hint). response_ids: the sampled tokens (a stop id, when one ended it, included).
+    inf_logprobs: `[len(response)]` float32 l_inf. routing: MoE layer -> `[len(prompt) + len(response),
+    top_k]` expert ids, the backbone's `routing` argument for a forward of this one sequence (also for a
+    partial rollout from `interrupt`). versions: the policy version that sampled each
+    response token. finished: a stop id ended it. truncated: its token budget ended it.
+    max_new_tokens: this rollout's own budget (None: the engine's). group: the scheduler's group index.
+    """
+
+    query: Query
+    prompt_ids: list[int]
+    response_ids: list[int]
+    inf_logprobs: Tensor
+    routing: dict[int, Tensor] | None
+    versions: list[int]
+    finished: bool
+    truncated: bool
+    reward: float | None = None
+    hint_len: int = 0
+    max_new_tokens: int | None = None
+    group: int = -1
+
+    @property
+    def done(self) -> bool:
+        return self.finished or self.truncated
+
+    @property
+    def min_version(self) -> int | None:
+        return min(self.versions) if self.versions else None
+
+
+@dataclass
+class EngineStats:
+    """steps: decode steps; row_steps: sum of active rows over them; busy_s: seconds inside `step`;
+    prefill_tokens: positions (re-)prefilled; tokens: response tokens sampled."""
+
+    steps: int = 0
+    row_steps: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+    tokens: int = 0
+    reprefills: int = 0
+
+
+@dataclass
+class _Row:
+    """A sequence in the engine. `fed`: positions in the KV cache; the pending token is response[-1]."""
+
+    rollout: Rollout
+    budget: int
+    logprobs: list[float]
+    routing: dict[int, list[Tensor]]
+    fed: int = 0
+    done: bool = False  # decided; waits for one last forward that records its final position's routing
+
+    @property
+    def recorded(self) -> int:
+        return sum(t.shape[0] for t in next(iter(self.routing.values()), []))
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """A plain state dict: FSDP2 DTensors gathered (every rank must call), wrapper prefixes removed
+    (activation checkpointing, torch.compile)."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        key = key.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        state[key] = value.detach()
+    return state
+
+
+def _plain_copy(model: UnifiedModel) -> UnifiedModel:
+    """A float32 UnifiedModel with `model`'s weights and no FSDP / FP8 / checkpoint wrappers."""
+    wrapped = is_sharded(model) or any(
+        type(m).__name__ in ("Float8Linear", "CheckpointWrapper") for m in model.modules()
+    )
+    if not wrapped:
+        return copy.deepcopy(model).float()
+    from zoo.config import to_config
+    from zoo.hub import build_from_config
+
+    config = to_config(model)
+    config["class_path"] = "zoo.models.unified.UnifiedModel"  # FSDP2 renames the class
+    plain = build_from_config(config)
+    plain.load_state_dict(full_state_dict(model), strict=True)
+    return plain
+
+
+def fp8_round_trip(weight: Tensor) -> Tensor:
+    """`weight` quantised to float8_e4m3fn with one scale per tensor (amax -> 448) and back."""
+    scale = weight.abs().amax().float().clamp_min(1e-12) / _FP8_MAX
+    return ((weight.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(weight.dtype)
+
+
+class InferenceEngine:
+    """Continuous-batching generation on a private copy of the policy (see the module docstring).
+
+    Args:
+        model: the trained UnifiedModel; copied (never shared), in eval mode.
+        precision: "float32", "bfloat16" (the copy in bf16, KV cache included) or "fp8" (FP8-eligible
+            linears and every routed expert rounded through float8_e4m3fn, one scale per tensor/expert;
+            router gates, embeddings, norms and the output head stay float32, as in `zoo.parallel`).
+        max_new_tokens: response budget per sequence (a rollout may carry a smaller one).
+        temperature, top_k, top_p: sampling (see `zoo.models.generation.sample_next`).
+        record_routing: record the experts of every position (costs one extra forward per sequence for
+            its last token).
+        stop_ids: ids that end a response (kept in it); None = `<eos>`; () never stops.
+        max_batch: most sequences decoded at once; the rest wait in order (None: no limit).
+        seed: the sampling generator's seed.
+    """
+
+    def __init__(
+        self,
+        model: UnifiedModel,
+        precision: Precision = "float32",
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        record_routing: bool = True,
+        stop_ids: tuple[int, ...] | None = None,
+        max_batch: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if precision not in ("float32", "bfloat16", "fp8"):
+            raise ValueError(f"precision={precision!r}: expected 'float32', 'bfloat16' or 'fp8'")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
+        self.precision = precision
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.top_k, self.top_p = top_k, top_p
+        self.record_routing, self.max_batch = record_routing, max_batch
+        self.model = _plain_copy(model).eval().requires_grad_(False)
+        self.stop_ids = (self.model.vocab.eos_id,) if stop_ids is None else tuple(stop_ids)
+        self._fp8 = self._fp8_weights() if precision == "fp8" else []
+        self._cast()
+        self.device = next(self.model.parameters()).device
+        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.moe_layers = [i for i, block in enumerate(self.model.backbone.layers) if block.is_moe]
+        self.version = 0
+        self.stats = EngineStats()
+        self._active: list[_Row] = []
+        self._waiting: list[_Row] = []
+        self._cache: KVCache | None = None
+        self._completed: list[Rollout] = []  # completed outside `step` (by `sync`), handed out by it
+
+    # ------------------------------------------------------------------------------------------ weights
+
+    def _fp8_weights(self) -> list[Tensor]:
+        admit = fp8_module_filter(self.model)
+        weights = [m.weight for name, m in self.model.named_modules() if admit(m, name)]
+        for block in self.model.backbone.layers:
+            if block.is_moe:
+                experts = block.ffn.experts
+                weights += [experts.w1, experts.w3, experts.w2]
+        return weights
+
+    @torch.no_grad()
+    def _cast(self) -> None:
+        if self.precision == "bfloat16":
+            # Parameters only: buffers (rotary frequencies, the aux-free expert bias) stay float32.
+            for p in self.model.parameters():
+                p.data = p.data.to(torch.bfloat16)
+        elif self.precision == "fp8":
+            for w in self._fp8:
+                # Stacked experts get one scale each: a per-tensor scale over all of them is too coarse.
+                w.copy_(torch.stack([fp8_round_trip(e) for e in w]) if w.dim() == 3 else fp8_round_trip(w))
+
+    @torch.no_grad()
+    def sync(self, model: UnifiedModel, version: int) -> None:
+        """Copy `model`'s weights (FSDP2-sharded ones are gathered: call on every rank) as policy `version`.
+
+        Sequences in flight are re-prefilled (prompt + partial response) under the new weights at the
+        next `step`, and their later tokens carry the new version.
+        """
+        if self._active and self.record_routing:
+            # Pending tokens are fed once more under the weights that sampled them, so every position's
+            # routing is recorded by the policy that produced it; rows only waiting for that are complete.
+            begin = time.perf_counter()
+            self._decode(sample=False)
+            self._completed += self._retire()
+            self.stats.busy_s += time.perf_counter() - begin
+        self.model.load_state_dict(full_state_dict(model), strict=True)
+        self._cast()
+        self.version = version
+        if self._active:
+            self.stats.reprefills += len(self._active)
+            self._waiting = self._active + self._waiting
+            self._active, self._cache = [], None
+
+    # ------------------------------------------------------------------------------------------ queueing
+
+    def start(
+        self,
+        prompts: list[list[int]],
+        queries: list[Query],
+        max_new_tokens: list[int] | None = None,
+        groups: list[int] | None = None,
+    ) -> list[Rollout]:
+        """Queue new sequences; returns their Rollouts, filled in as they generate (done when `step`
+        returns them). max_new_tokens: per-sequence budgets (capped by the engine's and the context)."""
+        if len(prompts) != len(queries):
+            raise ValueError(
+                f"{len(prompts)} prompts but {len(queries)} queries: expected one query a prompt"
+            )
+        budgets = max_new_tokens or [self.max_new_tokens] * len(prompts)
+        if len(budgets) != len(prompts):
+            raise ValueError(f"max_new_tokens has {len(budgets)} entries for {len(prompts)} prompts")
+        rollouts = []
+        for i, (prompt, query, budget) in enumerate(zip(prompts, queries, budgets, strict=True)):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty: start it with at least <bos>")
+            if budget < 1:
+                raise ValueError(f"max_new_tokens[{i}] = {budget}: expected >= 1")
+            self.model.vocab.check_ids(torch.tensor(prompt), range(0, self.model.vocab.text_head_size))
+            group = -1 if groups is None else groups[i]
+            rollout = Rollout(query, list(prompt), [], torch.zeros(0), None, [], False, False)
+            rollout.max_new_tokens, rollout.group = budget, group
+            rollouts.append(rollout)
+        self.resume(rollouts)
+        return rollouts
+
+    def resume(self, rollouts: list[Rollout]) -> None:
+        """Queue partial rollouts (from `interrupt`) to continue under the current weights."""
+        for r in rollouts:
+            if r.done:
+                raise ValueError("cannot resume a rollout that is already finished or truncated")
+            if len(r.prompt_ids) > self.model.backbone.max_seq_len:
+                raise ValueError(
+                    f"prompt of {len(r.prompt_ids)} tokens exceeds the context of "
+                    f"{self.model.backbone.max_seq_len} (max_seq_len)"
+                )
+            budget = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+            budget = min(budget, self.model.backbone.max_seq_len - len(r.prompt_ids))
+            routing: dict[int, list[Tensor]] = {}
+            if self.record_routing:
+                old = r.routing or {}
+                routing = {layer: [old[layer]] if layer in old else [] for layer in self.moe_layers}
+            row = _Row(r, budget, r.inf_logprobs.tolist(), routing)
+            if budget <= len(r.response_ids):
+                # The prompt leaves no room (or the budget is spent): say so, never drop it silently.
+                log.warning(
+                    "prompt of %d tokens leaves no room to generate: empty/truncated", len(r.prompt_ids)
+                )
+                row.done = r.truncated = True
+            self._waiting.append(row)
+
+    @torch.no_grad()
+    def interrupt(self) -> list[Rollout]:
+        """Stop every queued and active sequence (APRIL's abort) and return their rollouts (plus any
+        completed by `sync` and not yet handed out by `step`).
+
+        Active rows first get one forward without sampling, which records the routing of their pending
+        token: a partial rollout then holds the routing of all its positions, and a row that was only
+        waiting for that forward comes back complete (`done`), not partial."""
+        begin = time.perf_counter()
+        if self._active and self.record_routing:
+            self._decode(sample=False)
+        rows, self._active, self._waiting, self._cache = self._active + self._waiting, [], [], None
+        completed, self._completed = self._completed, []
+        self.stats.busy_s += time.perf_counter() - begin
+        return completed + [self._export(row) for row in rows]
+
+    @property
+    def pending(self) -> int:
+        """Sequences queued or active, or completed by `sync` and not yet handed out by `step`."""
+        return len(self._active) + len(self._waiting) + len(self._completed)
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    # ------------------------------------------------------------------------------------------ stepping
+
+    def generate(
+        self, prompts: list[list[int]], queries: list[Query], max_new_tokens: list[int] | None = None
+    ) -> list[Rollout]:
+        """Generate every prompt to the end (blocking); rollouts in the order of the prompts."""
+        if self.pending:
+            raise RuntimeError(f"generate() needs an idle engine; {self.pending} sequences are in flight")
+        rollouts = self.start(prompts, queries, max_new_tokens)
+        while self.pending:
+            self.step(64)
+        return rollouts
+
+    @torch.no_grad()
+    def step(self, n_steps: int = 1) -> list[Rollout]:
+        """Advance every active sequence by one token, `n_steps` times (queued ones join when a slot is
+        free). Returns the rollouts completed in these steps."""
+        completed, self._completed = self._completed, []
+        begin = time.perf_counter()
+        for _ in range(n_steps):
+            if not self.pending:
+                break
+            self._admit()
+            completed += self._retire()  # rows the prefill completed (no room left, resumed at the end)
+            if self._active:
+                self._decode()
+                completed += self._retire()
+        self.stats.busy_s += time.perf_counter() - begin
+        return completed
+
+    def _admit(self) -> None:
+        free = len(self._waiting) if self.max_batch is None else self.max_batch - len(self._active)
+        rows, self._waiting = self._waiting[: max(free, 0)], self._waiting[max(free, 0) :]
+        if not rows:
+            return
+        seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
+        ids, doc, index = left_pad(seqs, self.model.vocab.pad_id, self.device)
+        cache = self.model.backbone.new_cache(len(rows), ids.shape[1])
+        batch = text_batch(ids, doc, index)
+        out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
+        self.stats.prefill_tokens += sum(len(s) for s in seqs)
+        if self.record_routing:
+            offsets = [0]
+            for s in seqs:
+                offsets.append(offsets[-1] + len(s))
+            for i, row in enumerate(rows):
+                start = offsets[i] + row.recorded  # positions recorded before an interruption are kept
+                for layer, chosen in out.routing.items():
+                    row.routing[layer].append(chosen[start : offsets[i + 1]])
+        for row, length in zip(rows, (len(s) for s in seqs), strict=True):
+            row.fed = length
+        sample = [i for i, r in enumerate(rows) if not r.done]
+        if sample:
+            self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
+        self._merge(rows, cache)
+
+    def _decode(self, sample: bool = True) -> None:
+        rows = self._active
+        cache = self._cache
+        if cache.length + 1 > cache.max_len:
+            self._grow(_CACHE_HEADROOM)
+            cache = self._cache
+        ids = torch.tensor([[r.rollout.response_ids[-1]] for r in rows], device=self.device)
+        index = torch.tensor([[r.fed] for r in rows], device=self.device)
+        batch = text_batch(ids, torch.zeros_like(ids), index)
+        out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
+        for row in rows:
+            row.fed += 1
+        if self.record_routing:
+            for layer, chosen in out.routing.items():
+                for i, row in enumerate(rows):
+                    row.routing[layer].append(chosen[i : i + 1])
+        sample = [i for i, r in enumerate(rows) if not r.done] if sample else []
+        if sample:
+            self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
+        self.stats.steps += 1
+        self.stats.row_steps += len(rows)
+
+    def _sample(self, rows: list[_Row], logits: Tensor) -> None:
+        tokens = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
+        scaled = logits.float() / (self.temperature if self.temperature > 0 else 1.0)
+        logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].tolist()
+        for row, token, logprob in zip(rows, tokens.tolist(), logprobs, strict=True):
+            r = row.rollout
+            r.response_ids.append(token)
+            r.versions.append(self.version)
+            row.logprobs.append(logprob)
+            if token in self.stop_ids:
+                r.finished = row.done = True
+            elif len(r.response_ids) >= row.budget:
+                r.truncated = row.done = True
+        self.stats.tokens += len(rows)
+
+    def _retire(self) -> list[Rollout]:
+        """Rows whose last position has been fed (or that need no routing) leave the batch."""
+        keep, done = [], []
+        for i, row in enumerate(self._active):
+            complete = row.done and (not self.record_routing or row.fed == row.recorded == self._length(row))
+            (done if complete else keep).append(i)
+        if not done:
+            return []
+        finished = [self._export(self._active[i]) for i in done]
+        self._active = [self._active[i] for i in keep]
+        if not keep:
+            self._cache = None
+            return finished
+        cache, index = self._cache, torch.tensor(keep, device=self.device)
+        first = cache.length - max(r.fed for r in self._active)  # columns now padding in every row
+        cache.k = cache.k[:, index, :, first:]
+        cache.v = cache.v[:, index, :, first:]
+        cache.doc_id, cache.group_id = cache.doc_id[index, first:], cache.group_id[index, first:]
+        cache.max_len -= first
+        cache.length -= first
+        return finished
+
+    @staticmethod
+    def _length(row: _Row) -> int:
+        return len(row.rollout.prompt_ids) + len(row.rollout.response_ids)
+
+    def _export(self, row: _Row) -> Rollout:
+        r = row.rollout
+        r.inf_logprobs = torch.tensor(row.logprobs, dtype=torch.float32)
+        if self.record_routing:
+            r.routing = {
+                layer: torch.cat(chunks) if chunks else torch.zeros(0, 0, dtype=torch.long)
+                for layer, chunks in row.routing.items()
+            }
+        return r
+
+    # ------------------------------------------------------------------------------------------ the cache
+
+    def _merge(self, rows: list[_Row], new: KVCache) -> None:
+        """Join freshly prefilled rows to the running batch: every row's entries end at one column."""
+        old = self._cache
+        old_len = 0 if old is None else old.length
+        length = max(old_len, new.length)
+        n_old = 0 if old is None else old.k.shape[1]
+        merged = self.model.backbone.new_cache(n_old + len(rows), length + _CACHE_HEADROOM)
+        merged.doc_id.fill_(PAD_DOC)
+        for source, rows_at, n in ((old, 0, old_len), (new, n_old, new.length)):
+            if source is None:
+                continue
+            b = source.k.shape[1]
+            cols = slice(length - n, length)
+            merged.k[:, rows_at : rows_at + b, :, cols] = source.k[:, :, :, :n]
+            merged.v[:, rows_at : rows_at + b, :, cols] = source.v[:, :, :, :n]
+            merged.doc_id[rows_at : rows_at + b, cols] = source.doc_id[:, :n]
+            merged.group_id[rows_at : rows_at + b, cols] = source.group_id[:, :n]
+        merged.length = length
+        self._cache = merged
+        self._active = self._active + rows
+
+    def _grow(self, extra: int) -> None:
+        c = self._cache
+        pad = list(c.k.shape)
+        pad[3] = extra
+        c.k = torch.cat([c.k, c.k.new_zeros(pad)], dim=3)
+        c.v = torch.cat([c.v, c.v.new_zeros(pad)], dim=3)
+        c.doc_id = torch.cat([c.doc_id, c.doc_id.new_full((c.doc_id.shape[0], extra), PAD_DOC)], dim=1)
+        c.group_id = torch.cat([c.group_id, c.group_id.new_zeros((c.group_id.shape[0], extra))], dim=1)
+        c.max_len += extra
+
+
+# The trainer side (router replay) lives in zoo/rl/replay.py; re-exported here for the contract's name.
+from zoo.rl.replay import mismatch_kl, routing_agreement, sequence_logprobs  # noqa: E402
+
+__all__ = [
+    "EngineStats",
+    "InferenceEngine",
+    "Rollout",
+    "fp8_round_trip",
+    "full_state_dict",
+    "mismatch_kl",
+    "routing_agreement",
+    "sequence_logprobs",
+]
