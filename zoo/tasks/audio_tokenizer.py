@@ -1,0 +1,328 @@
+"""Training the audio codec (ERNIE 5.0 audio tokenizer; losses after SpeechTokenizer and DAC).
+
+The codec (`zoo.tokenizers.audio.AudioCodec`) learns from four terms, weighted in YAML:
+- multi-scale mel-spectrogram L1 (log-mel at several FFT sizes, DAC / SpeechTokenizer),
+- waveform L1,
+- the RVQ commitment loss (summed over levels),
+- distillation of level 1 toward a frozen teacher (`zoo.tokenizers.audio_teacher`) through a linear
+  projection: SpeechTokenizer's "D-axis" loss, -log sigmoid of the cosine along *time* for each feature
+  dimension (its code, not its paper's formula: ZhangXInFD/SpeechTokenizer#2), or the plain per-frame
+  cosine ("t_axis").
+No adversarial losses: the tiny codec trains in minutes on a CPU, and mel + L1 keep it stable.
+
+Validation logs mel distance, SI-SNR and codebook usage per level; with a TensorBoard logger it also writes
+audio samples and a spectrogram figure (original vs decodes from 1..Q levels). At the end of `fit` the
+codec is written to `<default_root_dir>/audio_codec.safetensors`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import torchaudio
+from torch import Tensor, nn
+
+from zoo.config import to_config
+from zoo.tokenizers.audio import AudioCodec
+from zoo.tokenizers.audio_teacher import AudioTeacher
+from zoo.weights import save_weights_file
+
+# The task stores its components' config, not the objects (see zoo/tasks/pretrain.py).
+warnings.filterwarnings("ignore", message="Attribute '(codec|teacher)' is an instance of `nn.Module`")
+
+CODEC_FILE = "audio_codec.safetensors"
+
+
+class MultiScaleMelLoss(nn.Module):
+    """Mean over FFT sizes of L1 between log-mel spectrograms (hop n_fft / 4, n_fft / 8 mel bands)."""
+
+    def __init__(self, sample_rate: int, fft_sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        # torchaudio checks its filter banks with .item(): build them on the CPU even under a meta device
+        with torch.device("cpu"):
+            self.mels = nn.ModuleList(
+                torchaudio.transforms.MelSpectrogram(
+                    sample_rate=sample_rate, n_fft=n, hop_length=n // 4, n_mels=max(16, n // 8), power=1.0
+                )
+                for n in fft_sizes
+            )
+
+    def forward(self, prediction: Tensor, target: Tensor) -> Tensor:
+        losses = [
+            ((mel(prediction) + 1e-5).log() - (mel(target) + 1e-5).log()).abs().mean() for mel in self.mels
+        ]
+        return torch.stack(losses).mean()
+
+
+def d_axis_distill_loss(features: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """SpeechTokenizer's D-axis loss: -log sigmoid(cos) along time, per feature dimension, averaged.
+
+    features, target: `[B, F, D]`; mask `[B, F]`: padded frames are zeroed, which leaves the cosine over the
+    valid frames unchanged.
+    """
+    m = mask.unsqueeze(-1).to(features.dtype)
+    cos = F.cosine_similarity(features * m, target * m, dim=1, eps=1e-6)  # [B, D]
+    return -F.logsigmoid(cos).mean()
+
+
+def t_axis_distill_loss(features: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """-log sigmoid of the per-frame cosine between feature vectors, averaged over valid frames."""
+    cos = F.cosine_similarity(features, target, dim=-1, eps=1e-6)  # [B, F]
+    return -(F.logsigmoid(cos) * mask).sum() / mask.sum().clamp_min(1)
+
+
+def si_snr(estimate: Tensor, target: Tensor, eps: float = 1e-8) -> Tensor:
+    """Scale-invariant signal-to-noise ratio in dB per row of `[B, N]` (zero-mean, Le Roux et al. 2019)."""
+    estimate = estimate - estimate.mean(-1, keepdim=True)
+    target = target - target.mean(-1, keepdim=True)
+    scale = (estimate * target).sum(-1, keepdim=True) / (target.pow(2).sum(-1, keepdim=True) + eps)
+    projection = scale * target
+    noise = estimate - projection
+    return 10 * torch.log10((projection.pow(2).sum(-1) + eps) / (noise.pow(2).sum(-1) + eps))
+
+
+def codebook_usage(codes: Tensor, mask: Tensor, sizes: tuple[int, ...]) -> list[tuple[float, float]]:
+    """Per level (fraction of the codebook used, perplexity of the code histogram) over valid frames."""
+    result = []
+    for level, size in enumerate(sizes[: codes.shape[-1]]):
+        chosen = codes[..., level][mask]
+        counts = torch.bincount(chosen[chosen >= 0], minlength=size).float()  # -1: dropped
+        p = counts / counts.sum().clamp_min(1)
+        perplexity = float(torch.exp(-(p * p.clamp_min(1e-12).log()).sum()))
+        result.append((float((counts > 0).float().mean()), perplexity))
+    return result
+
+
+def spectrogram_figure(original: Tensor, decodes: dict[str, Tensor], sample_rate: int):  # noqa: ANN201
+    """A matplotlib figure: the log-mel of `original` [N] above that of each decode [N] (titled by key)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mel = torchaudio.transforms.MelSpectrogram(sample_rate=sample_rate, n_fft=512, hop_length=128, n_mels=64)
+    rows = {"original": original, **decodes}
+    fig, axes = plt.subplots(len(rows), 1, figsize=(6, 1.3 * len(rows)), sharex=True, squeeze=False)
+    for ax, (title, wave) in zip(axes[:, 0], rows.items(), strict=True):
+        spec = (mel(wave.detach().float().cpu()) + 1e-5).log10()
+        ax.imshow(spec.numpy(), origin="lower", aspect="auto", cmap="magma", vmin=-4, vmax=float(spec.max()))
+        ax.set_ylabel(title, fontsize=7)
+        ax.set_yticks([])
+    axes[-1, 0].set_xlabel("frames (8 ms)")
+    fig.tight_layout()
+    return fig
+
+
+class AudioTokenizerTask(L.LightningModule):
+    """Trains an `AudioCodec` on batches `{"audio": [B, N], "audio_lengths": [B]}` (zero-padded waveforms).
+
+    Args:
+        codec: the codec to train.
+        teacher: frozen teacher of the semantic level (None: no distillation).
+        distill_loss: "d_axis" (SpeechTokenizer: cosine along time per dimension) or "t_axis"
+            (per-frame cosine).
+        mel_weight: weight of the multi-scale log-mel L1.
+        wave_weight: weight of the waveform L1.
+        commit_weight: weight of the summed RVQ commitment losses.
+        distill_weight: weight of the distillation loss.
+        mel_fft_sizes: FFT sizes of the multi-scale mel loss.
+        lr: AdamW learning rate (constant after a linear warm-up).
+        betas: AdamW betas (DAC uses (0.8, 0.99)).
+        warmup_steps: linear warm-up steps.
+        segment_seconds: train on a random window of this length from each clip (whole clips when None or
+            longer; validation always sees whole clips). Rounded to whole frames.
+        num_logged_samples: audio clips written to TensorBoard per validation.
+    """
+
+    def __init__(
+        self,
+        codec: AudioCodec,
+        teacher: AudioTeacher | None = None,
+        distill_loss: Literal["d_axis", "t_axis"] = "d_axis",
+        mel_weight: float = 1.0,
+        wave_weight: float = 1.0,
+        commit_weight: float = 1.0,
+        distill_weight: float = 1.0,
+        mel_fft_sizes: tuple[int, ...] = (256, 512, 1024),
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.8, 0.99),
+        warmup_steps: int = 20,
+        segment_seconds: float | None = None,
+        num_logged_samples: int = 2,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if "_instantiator" not in self.hparams:
+            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
+            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        if distill_loss not in ("d_axis", "t_axis"):
+            raise ValueError(f"distill_loss must be 'd_axis' or 't_axis', got {distill_loss!r}")
+        self.codec = codec
+        self.teacher = teacher
+        self.distill_loss = distill_loss
+        self.weights = {
+            "mel": mel_weight,
+            "wave": wave_weight,
+            "commit": commit_weight,
+            "distill": distill_weight,
+        }
+        self.lr, self.betas, self.warmup_steps = lr, tuple(betas), warmup_steps
+        self.num_logged_samples = num_logged_samples
+        self.segment_frames = (
+            None if segment_seconds is None else max(1, round(segment_seconds * codec.frame_rate))
+        )
+        self.mel_loss = MultiScaleMelLoss(codec.sample_rate, tuple(mel_fft_sizes))
+        # The projection of level 1 into the teacher's space (SpeechTokenizer's `transform`) trains with the
+        # codec but belongs to the task: the codec's safetensors file holds the codec alone.
+        self.distill_proj = None if teacher is None else nn.Linear(codec.codebook_dim, teacher.dim)
+        if teacher is not None:
+            teacher.requires_grad_(False)
+            if getattr(teacher, "sample_rate", codec.sample_rate) != codec.sample_rate:
+                raise ValueError(
+                    f"teacher sample_rate {teacher.sample_rate} differs from the codec's {codec.sample_rate}"
+                )
+        self._val_usage: list[Tensor] = []
+        self._val_masks: list[Tensor] = []
+        self._val_example: tuple[Tensor, Tensor] | None = None
+
+    def _unpack(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        if "audio" not in batch:
+            raise KeyError(
+                f"AudioTokenizerTask: batch needs 'audio' [B, N] (and 'audio_lengths'), got {sorted(batch)}"
+            )
+        wave = batch["audio"]
+        lengths = batch.get("audio_lengths")
+        if lengths is None:
+            lengths = torch.full((wave.shape[0],), wave.shape[1], dtype=torch.long, device=wave.device)
+        return wave, lengths
+
+    def _crop(
+        self, wave: Tensor, lengths: Tensor, target: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A random `segment_frames`-frame window of each clip (within its valid frames), in training."""
+        hop, frames = self.codec.hop, self.segment_frames
+        if frames is None or wave.shape[1] <= frames * hop:
+            return wave, lengths, target
+        valid_frames = (lengths + hop - 1) // hop
+        first = (
+            torch.rand(wave.shape[0], device=wave.device) * (valid_frames - frames + 1).clamp_min(1)
+        ).long()
+        starts = first * hop
+        samples = starts[:, None] + torch.arange(frames * hop, device=wave.device)[None]
+        padded = F.pad(wave, (0, frames * hop))
+        cropped = padded.gather(1, samples)
+        new_lengths = (lengths - starts).clamp(0, frames * hop)
+        if target is not None:
+            rows = first[:, None] + torch.arange(frames, device=wave.device)[None]
+            target = F.pad(target, (0, 0, 0, frames)).gather(
+                1, rows[..., None].expand(-1, -1, target.shape[-1])
+            )
+        return cropped, new_lengths, target
+
+    def _losses(
+        self, wave: Tensor, lengths: Tensor, crop: bool = False
+    ) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor, object]:
+        # The teacher hears the whole clip (a word cut by the crop would be misheard), then is cropped alike.
+        target = None if self.teacher is None else self.teacher(wave, lengths, self.codec.hop)
+        if crop:
+            wave, lengths, target = self._crop(wave, lengths, target)
+        out = self.codec(wave, lengths)
+        n = wave.shape[1]
+        sample_mask = (torch.arange(n, device=wave.device)[None] < lengths[:, None]).to(wave.dtype)
+        recon = out.reconstruction[:, :n] * sample_mask  # padding is not the codec's to reproduce
+        losses = {
+            "mel": self.mel_loss(recon, wave),
+            "wave": (recon - wave).abs().sum() / sample_mask.sum().clamp_min(1),
+            "commit": out.commit_loss.sum(),
+        }
+        if target is not None:
+            features = self.distill_proj(out.semantic)
+            loss_fn = d_axis_distill_loss if self.distill_loss == "d_axis" else t_axis_distill_loss
+            losses["distill"] = loss_fn(features, target, out.mask)
+        return losses, wave, lengths, recon, out
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        wave, lengths = self._unpack(batch)
+        losses, wave, _, _, _ = self._losses(wave, lengths, crop=True)
+        loss = sum(self.weights[k] * v for k, v in losses.items())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite codec loss at step {self.global_step}: "
+                + ", ".join(f"{k}={float(v):.4g}" for k, v in losses.items())
+            )
+        logs = {f"train/{k}_loss": v.detach() for k, v in losses.items()}
+        logs["train/loss"] = loss.detach()
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=wave.shape[0])
+        self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=wave.shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        wave, lengths = self._unpack(batch)
+        losses, _, _, recon, out = self._losses(wave, lengths)
+        loss = sum(self.weights[k] * v for k, v in losses.items())
+        logs = {f"val/{k}_loss": v for k, v in losses.items()}
+        logs["val/loss"] = loss
+        logs["val/si_snr"] = si_snr(recon, wave).mean()
+        self.log_dict(logs, on_step=False, on_epoch=True, batch_size=wave.shape[0], sync_dist=True)
+        self.log("val_loss", loss, prog_bar=True, logger=False, batch_size=wave.shape[0], sync_dist=True)
+        self._val_usage.append(out.codes.detach().cpu())
+        self._val_masks.append(out.mask.detach().cpu())
+        if batch_idx == 0:
+            k = self.num_logged_samples
+            self._val_example = (wave[:k].detach(), lengths[:k].detach())
+        return loss
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_usage:
+            frames = max(c.shape[1] for c in self._val_usage)
+            codes = torch.cat([F.pad(c, (0, 0, 0, frames - c.shape[1]), value=-1) for c in self._val_usage])
+            mask = torch.cat([F.pad(m, (0, frames - m.shape[1])) for m in self._val_masks])
+            for level, (used, perplexity) in enumerate(
+                codebook_usage(codes, mask, self.codec.codebook_sizes)
+            ):
+                self.log(f"val/usage_level{level + 1}", used, sync_dist=True)
+                self.log(f"val/perplexity_level{level + 1}", perplexity, sync_dist=True)
+        self._val_usage, self._val_masks = [], []
+        if self._val_example is not None and self.trainer.is_global_zero:
+            self._log_media(*self._val_example)
+        self._val_example = None
+
+    def _log_media(self, wave: Tensor, lengths: Tensor) -> None:
+        experiment = getattr(self.logger, "experiment", None)
+        if experiment is None or not hasattr(experiment, "add_audio"):
+            return
+        sr, step = self.codec.sample_rate, self.global_step
+        with torch.no_grad():
+            codes = self.codec.encode(wave)
+            decodes = [
+                self.codec.decode(codes[..., :q])[:, : wave.shape[1]] for q in range(1, codes.shape[-1] + 1)
+            ]
+        for i in range(wave.shape[0]):
+            n = int(lengths[i])
+            experiment.add_audio(f"audio/{i}/original", wave[i, :n].cpu()[None], step, sample_rate=sr)
+            experiment.add_audio(
+                f"audio/{i}/decoded", decodes[-1][i, :n].clamp(-1, 1).cpu()[None], step, sample_rate=sr
+            )
+        n = int(lengths[0])
+        figure = spectrogram_figure(
+            wave[0, :n], {f"{q + 1} level(s)": d[0, :n] for q, d in enumerate(decodes)}, sr
+        )
+        experiment.add_figure("spectrogram", figure, step)
+
+    def on_fit_end(self) -> None:
+        if self.trainer.is_global_zero:
+            save_weights_file(self.codec, Path(self.trainer.default_root_dir) / CODEC_FILE)
+
+    def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
+        params = [p for p in self.codec.parameters() if p.requires_grad]
+        if self.distill_proj is not None:
+            params += list(self.distill_proj.parameters())
+        optimizer = torch.optim.AdamW(params, lr=self.lr, betas=self.betas, weight_decay=0.0)
+        warmup = max(1, self.warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
