@@ -12,8 +12,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# The main job: a visual tokenizer, then the unified model on ShapesWorld text and images, then the
+# gallery of what it generates and understands (runs/demo/multimodal/gallery/gallery.md).
 demo: $(STAMP)
-	$(BIN)/zoo fit --config configs/quickstart.yaml
+	$(BIN)/zoo fit --config configs/demo/visual_tokenizer.yaml
+	$(BIN)/zoo fit --config configs/demo/multimodal.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -28,6 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/moe_dispatch.py
 	$(BIN)/python benchmarks/decode.py
 	$(BIN)/python benchmarks/elastic.py
+	$(BIN)/python benchmarks/nfsp.py
+	$(BIN)/python benchmarks/audio_codec.py
 
 clean:
 	rm -rf $(VENV) lightning_logs runs

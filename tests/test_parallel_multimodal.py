@@ -36,6 +36,10 @@ FP8_RTOL = 5e-3
 def make_task(parallel: Parallelism = Parallelism()) -> UnifiedPretraining:
     torch.manual_seed(0)
     tokenizer, codec = VisualTokenizer(), AudioCodec()
+    # Untrained codebooks k-means-initialise on the first batch they see, from the global RNG; do it here,
+    # seeded, so every process (and any earlier test's RNG use) leaves them alike. Trained ones load it.
+    tokenizer.encode(torch.rand(4, 3, 32, 32) * 2 - 1)
+    codec.encode(torch.randn(2, 4 * 640) * 0.1)
     vocab = UnifiedVocab(text_size=64, visual_size=tokenizer.codebook_size, audio_size=256, audio_levels=4)
     backbone = UnifiedTransformer(
         dim=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, expert_hidden=32, top_k=2, max_seq_len=256

@@ -135,7 +135,7 @@ class GenerationWriter(BasePredictionWriter):
 class MultimodalGallery(L.Callback):
     """At the end of fit, evaluate every modality the model and data support with the ShapesWorld verifiers
     (`zoo.tasks.multimodal_eval.evaluate`), print the scores beside their baselines, and write the gallery
-    page (`gallery/gallery.md` with PNG/GIF/WAV files and `metrics.json`) under the run directory.
+    page (`gallery/gallery.md` with PNG/GIF/WAV files and `metrics.json`) in `trainer.default_root_dir`.
 
     Args:
         num_samples: scenes per task.
@@ -163,7 +163,7 @@ class MultimodalGallery(L.Callback):
         from zoo.tasks.multimodal_eval import evaluate, write_gallery
 
         datamodule = trainer.datamodule
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "gallery"
+        out_dir = Path(trainer.default_root_dir) / "gallery"  # a fixed place: reruns overwrite it
         if not isinstance(datamodule, ShapesMultimodalDataModule) or not trainer.is_global_zero:
             return
         if is_sharded(pl_module.model):

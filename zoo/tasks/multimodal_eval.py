@@ -94,8 +94,12 @@ def evaluate(
     max_audio_frames: int = 160,
     seed: int = 0,
     tasks: list[str] | None = None,
+    caption_temperature: float = 0.0,
 ) -> Evaluation:
-    """Score the model on `n` scenes of `split` per task; metrics are keyed `task/verifier`."""
+    """Score the model on `n` scenes of `split` per task; metrics are keyed `task/verifier`.
+
+    Media are sampled at `temperature` with `top_k` (and guidance `cfg_scale`); captions are decoded at
+    `caption_temperature` (0: greedy, the one best answer, which is what exact match should judge)."""
     if data.tokenizer is None:
         data.setup("validate")
     model.eval()
@@ -110,8 +114,8 @@ def evaluate(
             _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_audio_frames,
                                  generator, cpu_generator, result)
         else:
-            _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_caption_tokens,
-                                    generator, result)
+            _evaluate_understanding(model, data, task, scenes, split, caption_temperature, top_k,
+                                    max_caption_tokens, generator, result)
     return result
 
 
