@@ -1,8 +1,9 @@
 """Draws the figures of the docs from the code itself:
 
-.venv/bin/python docs/make_figures.py    # writes docs/group_mask.png and docs/img/sequence_layout.png
+.venv/bin/python docs/make_figures.py    # group_mask.png, img/sequence_layout.png, img/world_samples.png
 """
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -10,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from zoo.batch import PAD_DOC, Modality, group_attention_mask  # noqa: E402
 from zoo.datamodules.sequence import (  # noqa: E402
@@ -91,6 +93,65 @@ def sequence_layout_figure(path: Path) -> None:
     print(f"wrote {path}")
 
 
+def world_samples_figure(path: Path) -> None:
+    """ShapesWorld in every modality: 8 rendered images (32 px) with captions, one 5-frame video (64 px)
+    with its moving objects, and the log-mel spectrogram of a spoken caption with its word boundaries."""
+    import torchaudio
+
+    from zoo.datamodules.shapes import ShapesWorld
+    from zoo.datamodules.shapes_render import render_image, render_video
+    from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech, split_words
+
+    world = ShapesWorld(seed=0, max_objects=4)
+    moving = ShapesWorld(seed=0, max_objects=3, include_motion=True)
+    fig = plt.figure(figsize=(8.0, 5.0), dpi=100)
+    grid = fig.add_gridspec(3, 8, height_ratios=[1.15, 0.85, 1.0])
+    for i in range(8):
+        scene = world.scene(i, "val")
+        ax = fig.add_subplot(grid[0, i])
+        ax.imshow(render_image(scene, 32), interpolation="nearest")
+        ax.set_title("\nand ".join(p.replace(" at the", "\n at the").replace(" in the", "\n in the")
+                                   for p in world.caption(scene).split(" and ")), fontsize=4.5)
+        ax.axis("off")
+    scene = next(
+        s
+        for s in moving.scenes("val", 50)
+        if sum(o.motion != "still" for o in s.objects) >= 2 and s.index != 0
+    )
+    video = render_video(scene, frames=5, size=64)
+    for t in range(5):
+        ax = fig.add_subplot(grid[1, t])
+        ax.imshow(video[t], interpolation="nearest")
+        ax.set_title(f"frame {t}", fontsize=7)
+        ax.axis("off")
+    ax = fig.add_subplot(grid[1, 5:])
+    ax.text(0, 0.5, "video (64 px):\n" + moving.caption(scene).replace(" and ", "\nand "), fontsize=6.5,
+            va="center")
+    ax.axis("off")
+    text = world.caption(world.scene(0, "val"))
+    wave = render_speech(text, seed=0)
+    mel = torchaudio.transforms.MelSpectrogram(SAMPLE_RATE, n_fft=512, hop_length=80, n_mels=64)(
+        torch.from_numpy(wave)
+    )
+    ax = fig.add_subplot(grid[2, :])
+    seconds = len(wave) / SAMPLE_RATE
+    ax.imshow((mel + 1e-6).log().numpy(), origin="lower", aspect="auto", cmap="magma",
+              extent=(0, seconds, 0, 64))
+    for (start, end), word in zip(split_words(wave), text.split(), strict=True):
+        ax.text((start + end) / 2 / SAMPLE_RATE, 60, word, color="white", fontsize=6, ha="center", va="top")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("mel band")
+    ax.set_title(f'spoken caption "{text}" (log-mel)', fontsize=8)
+    fig.tight_layout(pad=0.3, h_pad=0.2)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=100, format="png")
+    plt.close(fig)
+    buffer.seek(0)
+    # A 256-colour palette keeps the picture small (the docs want < 200 KB per image).
+    Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
+
+
 if __name__ == "__main__":
     group_mask_figure(Path(__file__).parent / "group_mask.png")
     sequence_layout_figure(Path(__file__).parent / "img" / "sequence_layout.png")
+    world_samples_figure(Path(__file__).parent / "img" / "world_samples.png")
