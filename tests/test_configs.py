@@ -43,12 +43,20 @@ def is_full_config(config: dict) -> bool:
     return all(isinstance(config.get(k), dict) and "class_path" in config[k] for k in ("model", "data"))
 
 
+def overlay_base(path: Path) -> Path:
+    """The config an overlay goes on: the quickstart, unless its header names another (`# overlay on: X`)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("# overlay on:"):
+            return REPO / line.split(":", 1)[1].strip()
+    return QUICKSTART
+
+
 def cli_args(path: Path) -> list[str]:
-    """Full configs alone; overlays composed on top of the quickstart, as their headers say to use them."""
+    """Full configs alone; overlays composed on top of their base, as their headers say to use them."""
     return (
         ["--config", str(path)]
         if is_full_config(load(path))
-        else ["--config", str(QUICKSTART), "--config", str(path)]
+        else ["--config", str(overlay_base(path)), "--config", str(path)]
     )
 
 
@@ -83,6 +91,20 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def deep_merge(base: dict, overlay: dict) -> dict:
+    """What composing two YAML configs gives (mappings merge, anything else is replaced)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        previous = out.get(key)
+        if isinstance(value, dict) and isinstance(previous, dict):
+            # A changed class_path starts a fresh component (jsonargparse drops init_args that no longer fit).
+            same = "class_path" not in value or value["class_path"] == previous.get("class_path")
+            out[key] = deep_merge(previous, value) if same else value
+        else:
+            out[key] = value
+    return out
+
+
 def provide_weight_files(node: object, run_dir: Path) -> None:
     """Stage configs load weights an earlier stage wrote (`weights: runs/.../visual_tokenizer.safetensors`).
     Build each such component untrained, exactly as configured, and write its weights where the config
@@ -115,9 +137,11 @@ def test_every_config_builds_its_task_and_datamodule_through_the_cli(
     path: Path, in_tmp: Path
 ):
     args = [*cli_args(path), f"--trainer.default_root_dir={in_tmp}"]
+    merged: dict = {}
     for flag, used in zip(args, args[1:], strict=False):
         if flag == "--config":
-            provide_weight_files(load(Path(used)), in_tmp)
+            merged = deep_merge(merged, load(Path(used)))
+    provide_weight_files(merged, in_tmp)
     meta = MetaZooCLI(args=args, run=False)
     n_params = count_parameters(meta.model)
     built = [meta]
