@@ -32,7 +32,6 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/decode.py
 	$(BIN)/python benchmarks/elastic.py
 	$(BIN)/python benchmarks/nfsp.py
-	$(BIN)/python benchmarks/audio_codec.py
 
 clean:
 	rm -rf $(VENV) lightning_logs runs

@@ -219,3 +219,27 @@ def test_a_multimodal_model_round_trips_through_the_hub_format(model, builder, t
     assert isinstance(loaded.visual_tokenizer, VisualTokenizer) and isinstance(loaded.audio_codec, AudioCodec)
     batch = builder.collate([[text(model, 1), VisualSegment(image(5)), AudioSegment(torch.randn(HOP) * 0.1)]])
     assert torch.allclose(model(batch).loss, loaded(batch).loss)
+
+
+def test_video_is_frames_of_scales_and_greedy_generation_matches_the_full_forward_pass():
+    torch.manual_seed(0)
+    tokenizer = VisualTokenizer(temporal=True, temporal_stride=2)
+    vocab = UnifiedVocab(text_size=64, visual_size=tokenizer.codebook_size, audio_size=256, audio_levels=4)
+    backbone = UnifiedTransformer(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, expert_hidden=32, top_k=2, max_seq_len=512
+    )
+    model = UnifiedModel(backbone, vocab, mtp_depth=0, visual_tokenizer=tokenizer).eval()
+    builder = SequenceBuilder(vocab, 400, layout=MediaLayout(tokenizer.scales, temporal_stride=2))
+    video = torch.rand(3, 5, 32, 32) * 2 - 1  # 5 frames -> 1 + 2 latent frames
+    batch = builder.collate([[TextSegment([vocab.bos_id]), VisualSegment(video)]])
+    visual = batch.modality[0] == Modality.VIDEO
+    assert int(visual.sum()) == 3 * 85
+    assert batch.positions[0, 0][visual].unique().tolist() == [2, 3, 4]  # t advances per latent frame
+    assert batch.input_ids[0, 1] == vocab.special("<bov>")
+    prompt = [vocab.bos_id, vocab.text_offset + 2, vocab.special("<bov>")]
+    codes = generate_visual(model, [prompt], frames=3, temperature=0.0)
+    flat = flatten_scales(codes)[0]
+    fed = builder.collate([[TextSegment(prompt[:-1]), VisualSegment(codes=flat, video=True)]])
+    where = fed.payloads["visual_target"][0] >= 0
+    assert torch.equal(model.nfsp.logits(model(fed).backbone.hidden[0][where]).argmax(-1), flat)
+    assert model.nfsp.decode(codes).shape == (1, 3, 5, 32, 32)
