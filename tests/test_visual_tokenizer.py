@@ -323,7 +323,7 @@ def test_a_3d_task_inflates_its_2d_start_at_fit_and_names_a_missing_file(tmp_pat
 def test_the_tiny_preset_beats_bicubic_through_its_latent_grid_and_uses_90_percent_of_its_codes(tmp_path):
     """Trained as configs/tokenizers/visual_2d.yaml does (2000 steps; ~20-40 min on 2 shared cores).
 
-    The issue's target is 30 dB; this budget reaches ~20-21 dB (docs/parts/visual_tokenizer.md), so the test
+    The issue's target is 30 dB; this budget reaches ~20-21 dB (docs/visual_tokenizer.md), so the test
     holds what is reached: above plain bicubic down/up-sampling through the 8x8 grid, >= 90% codes used."""
     from zoo.cli import ZooCLI
 

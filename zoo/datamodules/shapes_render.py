@@ -370,7 +370,7 @@ def readback_accuracy(n: int = 200, seed: int = 0, max_objects: int = 6) -> dict
 
 if (
     __name__ == "__main__"
-):  # python -m zoo.datamodules.shapes_render: the figures in docs/parts/world_media.md
+):  # python -m zoo.datamodules.shapes_render: the figures in docs/world_media.md
     import json
 
     torch.set_num_threads(1)

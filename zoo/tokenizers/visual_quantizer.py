@@ -77,7 +77,7 @@ class MultiScaleQuantizer(Configurable, nn.Module):
         upsample: how a scale's codes are resized to the latent grid.
         commitment: "final" commits the encoder to the quantised latent of all scales only; "every_scale"
             (VAR's code) also to the coarse partial sums, which pulls f towards a blurred map: at the tiny
-            ShapesWorld preset it ended 2.0 dB lower (20.6 vs 22.6 dB, docs/parts/visual_tokenizer.md).
+            ShapesWorld preset it ended 2.0 dB lower (20.6 vs 22.6 dB, docs/visual_tokenizer.md).
     """
 
     def __init__(
