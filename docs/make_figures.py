@@ -1,6 +1,7 @@
 """Draws the figures of the docs from the code itself:
 
-.venv/bin/python docs/make_figures.py    # group_mask.png, img/sequence_layout.png, img/world_samples.png
+.venv/bin/python docs/make_figures.py    # group_mask.png, img/sequence_layout.png, img/world_samples.png,
+                                         # img/demo_gallery.png (after `make demo`)
 """
 
 import io
@@ -151,7 +152,46 @@ def world_samples_figure(path: Path) -> None:
     Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
 
 
+def demo_gallery_figure(gallery: Path, path: Path) -> None:
+    """Six images the demo drew for val captions and six captions it wrote for val images, with the
+    verifiers' verdicts, from the gallery `make demo` writes (skipped when there is none)."""
+    import re
+
+    page = gallery / "gallery.md"
+    if not page.is_file():
+        print(f"skipped {path.name}: run `make demo` first ({page} is missing)")
+        return
+    rows = [line for line in page.read_text().splitlines() if line.startswith("| ") and "png" in line]
+    drawn = [r for r in rows if "text_to_image_" in r][:6]
+    written = [r for r in rows if "image_to_text_" in r][:6]
+
+    def wrap(text: str) -> str:
+        return text.replace(" and ", "\nand ").replace(" at the", "\nat the").replace(" in the", "\nin the")
+
+    fig, axes = plt.subplots(2, 6, figsize=(12, 7.6), dpi=90)
+    for ax, row in zip(axes[0], drawn, strict=False):
+        prompt, image, verdict = (c.strip() for c in row.strip("|").split("|"))
+        ax.imshow(Image.open(gallery / re.search(r"\((.*?\.png)\)", image).group(1)))
+        ax.set_title(f"{wrap(prompt)}\n{verdict}", fontsize=6)
+    for ax, row in zip(axes[1], written, strict=False):
+        image, caption, verdict = (c.strip() for c in row.strip("|").split("|"))
+        ax.imshow(Image.open(gallery / re.search(r"\((.*?\.png)\)", image).group(1)))
+        ax.set_title(f"model: {wrap(caption)}\n{verdict.split(' (truth')[0]}", fontsize=6)
+    for ax in axes.flat:
+        ax.axis("off")
+    fig.suptitle(
+        "make demo: top, images drawn for val captions; bottom, captions written for val images\n"
+        "(verifier verdicts from pixels and from the parsed caption)",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"wrote {path}")
+
+
 if __name__ == "__main__":
     group_mask_figure(Path(__file__).parent / "group_mask.png")
-    sequence_layout_figure(Path(__file__).parent / "img" / "sequence_layout.png")
-    world_samples_figure(Path(__file__).parent / "img" / "world_samples.png")
+    images = Path(__file__).parent / "img"
+    sequence_layout_figure(images / "sequence_layout.png")
+    world_samples_figure(images / "world_samples.png")
+    demo_gallery_figure(Path("runs/demo/multimodal/gallery"), images / "demo_gallery.png")
