@@ -21,6 +21,7 @@ from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import Parallelism, gathered, is_sharded, parallelize
+from zoo.tasks.schedules import warmup_cosine
 
 # Lightning suggests ignoring injected modules in save_hyperparameters; doing so breaks load_from_checkpoint
 # (DESIGN.md), and the task stores their config instead of the objects, so the advice does not apply.
@@ -228,14 +229,5 @@ class UnifiedPretraining(L.LightningModule):
             lr=self.lr,
             betas=self.betas,
         )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, floor = min(self.warmup_steps, total), self.min_lr_ratio
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        total = self.trainer.estimated_stepping_batches
+        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)

@@ -10,7 +10,6 @@ comparison grid (condition | refined | target) to the logger and as a PNG beside
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from zoo.config import Configurable, to_config
 from zoo.models.refiner import DiffusionRefiner
+from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.weights import save_weights_file
 
@@ -270,14 +270,5 @@ class RefinerTraining(L.LightningModule):
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
         optimizer = torch.optim.AdamW(self.refiner.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, floor = min(self.warmup_steps, total), self.min_lr_ratio
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        total = self.trainer.estimated_stepping_batches
+        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)

@@ -38,6 +38,7 @@ from zoo.datamodules.shapes import (
     score_objects,
 )
 from zoo.models.vision import DualPathEncoder
+from zoo.tasks.schedules import warmup_cosine
 from zoo.weights import save_weights_file
 
 warnings.filterwarnings("ignore", message="Attribute 'encoder' is an instance of `nn.Module`")
@@ -322,17 +323,8 @@ class VisionEncoderPretraining(L.LightningModule):
             [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=self.lr,
         )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, floor = min(self.warmup_steps, total), self.min_lr_ratio
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        total = self.trainer.estimated_stepping_batches
+        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
 
 
 def _same_rows(ids: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from zoo.config import Configurable, to_config
+from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
 from zoo.weights import save_weights_file
@@ -332,17 +333,8 @@ class VisualTokenizerTraining(L.LightningModule):
                 }
             )
         optimizer = torch.optim.AdamW(groups, betas=self.betas)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, floor = min(self.warmup_steps, total), self.min_lr_ratio
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        total = self.trainer.estimated_stepping_batches
+        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
 
     def on_fit_end(self) -> None:
         if self.trainer.is_global_zero:
