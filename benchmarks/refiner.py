@@ -10,6 +10,8 @@ Also images/s of `refine` at each step count. Progress goes to stderr; the last 
     zoo fit --config configs/refiner/shapes.yaml                   # trains runs/refiner/checkpoints/last.ckpt
     .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner/checkpoints/last.ckpt \
         [--images 256 --steps 1 5 10 --png docs/img/refiner_samples.png]
+    .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner_tokenizer/checkpoints/last.ckpt \
+        --steps 1 5 10 --scales 3 2     # a tokenizer-conditioned refiner, also on decodes of fewer scales
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, log, machine_info  # noqa: E402
 
-from zoo.tasks.refiner import RefinerTraining, comparison_grid, psnr, save_grid_png  # noqa: E402
+from zoo.tasks.refiner import (  # noqa: E402
+    RefinerTraining,
+    TokenizerDegradation,
+    comparison_grid,
+    psnr,
+    save_grid_png,
+)  # noqa: E402
 
 
 def held_out_images(size: int, count: int, seed: int) -> torch.Tensor:
@@ -39,6 +47,54 @@ def held_out_images(size: int, count: int, seed: int) -> torch.Tensor:
     return next(iter(data.val_dataloader()))["pixels"][:count]
 
 
+def evaluate(refiner, degradation, images, steps_list, batch_size, seed):
+    """PSNR of the condition's plain upsamplings and of the refined images (per step count) vs `images`.
+
+    Returns (results, condition, upsampled, refined at the first step count)."""
+    conditions, upsampled, bicubic = [], [], []
+    size = (refiner.image_size, refiner.image_size)
+    with torch.no_grad():
+        for batch in images.split(batch_size):
+            c = degradation(batch)
+            conditions.append(c)
+            upsampled.append(refiner.upsampled(c))
+            bicubic.append(F.interpolate(c, size=size, mode="bicubic", align_corners=False).clamp(-1, 1))
+    condition, upsampled = torch.cat(conditions), torch.cat(upsampled)
+    # How faithful the condition is at its own resolution (for a tokenizer: its reconstruction PSNR).
+    low = F.interpolate(images, size=tuple(condition.shape[-2:]), mode="area")
+    result = {
+        "psnr_condition_vs_downsampled_target": round(psnr(condition, low).mean().item(), 3),
+        "psnr_upsampled": round(psnr(upsampled, images).mean().item(), 3),
+        "psnr_bicubic": round(psnr(torch.cat(bicubic), images).mean().item(), 3),
+    }
+    log(
+        f"condition {result['psnr_condition_vs_downsampled_target']:.2f} dB at its size; plain upsampling "
+        f"({refiner.upsample}) {result['psnr_upsampled']:.2f} dB, bicubic {result['psnr_bicubic']:.2f} dB"
+    )
+    by_steps: dict[str, dict[str, float]] = {}
+    first_refined = None
+    for steps in steps_list:
+        generator = torch.Generator().manual_seed(seed)
+        refined = []
+        start = time.perf_counter()
+        for c in condition.split(batch_size):
+            refined.append(refiner.refine(c, steps=steps, generator=generator))
+        seconds = time.perf_counter() - start
+        out = torch.cat(refined)
+        first_refined = out if first_refined is None else first_refined
+        by_steps[str(steps)] = {
+            "psnr": round(psnr(out, images).mean().item(), 3),
+            "images_per_s": round(len(images) / seconds, 2),
+        }
+        log(f"{steps} steps: {by_steps[str(steps)]['psnr']:.2f} dB, {len(images) / seconds:.1f} images/s")
+    main = by_steps[str(steps_list[0])]["psnr"]
+    result["psnr_refined"] = main
+    result["psnr_gain_db"] = round(main - result["psnr_upsampled"], 3)
+    result["psnr_gain_vs_bicubic_db"] = round(main - result["psnr_bicubic"], 3)
+    result["by_steps"] = by_steps
+    return result, condition, upsampled, first_refined
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -48,6 +104,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
         "--steps", type=int, nargs="+", default=None, help="sampling steps (default: the refiner's)"
+    )
+    parser.add_argument(
+        "--scales",
+        type=int,
+        nargs="+",
+        default=None,
+        help="tokenizer conditions only: also decode from the first N scales for each N given (a coarser, "
+        "partly wrong decode, as when generation goes astray); the refiner is the same",
     )
     parser.add_argument("--data-seed", type=int, default=0, help="ShapesMediaDataModule seed (its val split)")
     parser.add_argument(
@@ -63,62 +127,43 @@ def main() -> None:
         )
     task = RefinerTraining.load_from_checkpoint(args.checkpoint, map_location="cpu").eval()
     refiner, degradation = task.refiner, task.degradation
+    if args.scales and not isinstance(degradation, TokenizerDegradation):
+        raise SystemExit(
+            f"--scales needs a TokenizerDegradation checkpoint, {args.checkpoint} has "
+            f"{type(degradation).__name__}"
+        )
     steps_list = args.steps or [refiner.num_inference_steps]
     images = held_out_images(refiner.image_size, args.images, args.data_seed)
     what = type(degradation).__name__
     log(f"{len(images)} held-out {refiner.image_size}px images; degradation {what}; {machine}")
 
-    conditions, upsampled, bicubic = [], [], []
-    with torch.no_grad():
-        for batch in images.split(args.batch_size):
-            c = degradation(batch)
-            conditions.append(c)
-            upsampled.append(refiner.upsampled(c))
-            size = (refiner.image_size, refiner.image_size)
-            bicubic.append(F.interpolate(c, size=size, mode="bicubic", align_corners=False).clamp(-1, 1))
-    condition = torch.cat(conditions)
-    # How faithful the condition is at its own resolution (for a tokenizer: its reconstruction PSNR).
-    low = F.interpolate(images, size=tuple(condition.shape[-2:]), mode="area")
-    psnr_condition = psnr(condition, low).mean().item()
-    psnr_up = psnr(torch.cat(upsampled), images).mean().item()
-    psnr_bicubic = psnr(torch.cat(bicubic), images).mean().item()
-    log(f"plain upsampling ({refiner.upsample}): {psnr_up:.2f} dB, bicubic {psnr_bicubic:.2f} dB")
-
-    by_steps: dict[int, dict[str, float]] = {}
-    first_refined = None
-    for steps in steps_list:
-        generator = torch.Generator().manual_seed(args.seed)
-        refined = []
-        start = time.perf_counter()
-        for c in condition.split(args.batch_size):
-            refined.append(refiner.refine(c, steps=steps, generator=generator))
-        seconds = time.perf_counter() - start
-        out = torch.cat(refined)
-        first_refined = out if first_refined is None else first_refined
-        by_steps[steps] = {
-            "psnr": round(psnr(out, images).mean().item(), 3),
-            "images_per_s": round(len(images) / seconds, 2),
-        }
-        log(f"{steps} steps: {by_steps[steps]['psnr']:.2f} dB, {len(images) / seconds:.1f} images/s")
+    result, condition, upsampled, first_refined = evaluate(
+        refiner, degradation, images, steps_list, args.batch_size, args.seed
+    )
     if args.png:
-        shown = (condition[:8], torch.cat(upsampled)[:8], first_refined[:8], images[:8])
+        shown = (condition[:8], upsampled[:8], first_refined[:8], images[:8])
         save_grid_png(comparison_grid(*shown), args.png, scale=3)
         log(f"wrote {args.png}")
+    by_scales = {}
+    if args.scales:
+        trained_scales = degradation.scales
+        for m in args.scales:
+            log(f"decoding from the first {m} scales:")
+            degradation.scales = m
+            by_scales[str(m)], *_ = evaluate(
+                refiner, degradation, images, steps_list, args.batch_size, args.seed
+            )
+        degradation.scales = trained_scales
 
-    main_steps = steps_list[0]
-    refined_psnr = by_steps[main_steps]["psnr"]
+    main_steps = str(steps_list[0])
     emit(
         {
             "benchmark": "refiner",
-            "psnr_refined": refined_psnr,
-            "psnr_upsampled": round(psnr_up, 3),
-            "psnr_bicubic": round(psnr_bicubic, 3),
-            "psnr_condition_vs_downsampled_target": round(psnr_condition, 3),
-            "psnr_gain_db": round(refined_psnr - psnr_up, 3),
-            "psnr_gain_vs_bicubic_db": round(refined_psnr - psnr_bicubic, 3),
-            "sampling_steps": main_steps,
-            "images_per_s": by_steps[main_steps]["images_per_s"],
-            "by_steps": {str(k): v for k, v in by_steps.items()},
+            **{k: v for k, v in result.items() if k != "by_steps"},
+            "sampling_steps": steps_list[0],
+            "images_per_s": result["by_steps"][main_steps]["images_per_s"],
+            "by_steps": result["by_steps"],
+            **({"by_scales_decoded": by_scales} if by_scales else {}),
             "scheduler": refiner.scheduler,
             "prediction_type": refiner.prediction_type,
             "degradation": type(degradation).__name__,

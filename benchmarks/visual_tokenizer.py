@@ -90,6 +90,101 @@ def write_figure(path: Path, tok: VisualTokenizer, images: torch.Tensor) -> None
     plt.close(fig)
 
 
+def per_frame(tok: VisualTokenizer, videos: torch.Tensor, m: int) -> torch.Tensor:
+    """The 2D tokenizer applied to every frame of [B, 3, T, H, W] videos, decoded from the first m scales."""
+    frames = videos.transpose(1, 2).flatten(0, 1)
+    decoded = tok.decode(tok.encode(frames)[:m])
+    return decoded.unflatten(0, videos.shape[:1] + videos.shape[2:3]).transpose(1, 2)
+
+
+def video_psnr_per_scales(video_tok: VisualTokenizer, videos: torch.Tensor) -> dict[str, float]:
+    codes = video_tok.encode(videos)
+    return {
+        str(m): mean_psnr(video_tok.decode(codes[:m]).flatten(1), videos.flatten(1))
+        for m in range(1, len(codes) + 1)
+    }
+
+
+def video_results(tok: VisualTokenizer, args: argparse.Namespace, size: int) -> dict[str, object]:
+    """The causal 3D tokenizer on held-out videos, per number of scales decoded, against the 2D tokenizer
+    frame by frame and against the 3D tokenizer as inflated from it before any training (all same run)."""
+    video_tok = build(Path(args.video_config), args.video_weights)
+    moving = ShapesWorld(seed=0, include_motion=True)
+    scenes = moving.scenes("val", args.videos)
+    videos = torch.stack([to_tensor(render_video(s, args.frames, size)) for s in scenes])
+    log(f"{len(videos)} held-out {args.frames}-frame videos; 3D stride {video_tok.temporal_stride}")
+    out: dict[str, object] = {"videos": len(videos), "video_frames": videos.shape[2]}
+    out["video_latent_frames"] = video_tok.encode(videos[:1])[0].shape[1]
+    out["video_psnr_per_scales_decoded"] = video_psnr_per_scales(video_tok, videos)
+    out["video_psnr"] = out["video_psnr_per_scales_decoded"][str(len(tok.scales))]
+    out["baseline_2d_per_frame_video_psnr_per_scales"] = {
+        str(m): mean_psnr(per_frame(tok, videos, m).flatten(1), videos.flatten(1))
+        for m in range(1, len(tok.scales) + 1)
+    }
+    out["baseline_2d_per_frame_video_psnr"] = out["baseline_2d_per_frame_video_psnr_per_scales"][
+        str(len(tok.scales))
+    ]
+    inflated = VisualTokenizer.from_2d(
+        tok, temporal_stride=video_tok.temporal_stride, temporal_kernel=video_tok.temporal_kernel
+    ).eval()
+    out["baseline_inflated_untrained_video_psnr_per_scales"] = video_psnr_per_scales(inflated, videos)
+    # Inflation with stride 1 must reproduce the 2D tokenizer frame by frame (codes equal, decodes close).
+    same = VisualTokenizer.from_2d(tok, temporal_stride=1, temporal_kernel=video_tok.temporal_kernel).eval()
+    codes_3d = same.encode(videos)
+    frames = videos.transpose(1, 2).flatten(0, 1)
+    codes_2d = tok.encode(frames)
+    out["inflated_stride1_codes_equal_2d"] = all(
+        torch.equal(a.flatten(0, 1), b.flatten(0, 1)) for a, b in zip(codes_3d, codes_2d, strict=True)
+    )
+    decoded = same.decode(codes_3d).transpose(1, 2).flatten(0, 1)
+    out["inflated_stride1_max_abs_decode_diff"] = float((decoded - tok.decode(codes_2d)).abs().max())
+    out["video_gain_over_2d_per_frame_db"] = round(
+        out["video_psnr"] - out["baseline_2d_per_frame_video_psnr"], 2
+    )
+    out["video_codes_per_frame_vs_2d"] = round(out["video_latent_frames"] / videos.shape[2], 3)
+    if args.video_figure:
+        with torch.no_grad():
+            shown = videos[:2]
+            rows = [
+                ("original", shown),
+                ("3D", video_tok.decode(video_tok.encode(shown))),
+                ("2D per frame", per_frame(tok, shown, len(tok.scales))),
+            ]
+        write_video_figure(Path(args.video_figure), rows)
+        log(f"wrote {args.video_figure}")
+    return out
+
+
+def write_video_figure(path: Path, rows: list[tuple[str, torch.Tensor]]) -> None:
+    """Per video, one row per entry of `rows` (label, [B, 3, T, H, W]); columns are the frames."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    b, t = rows[0][1].shape[0], rows[0][1].shape[2]
+    fig, axes = plt.subplots(b * len(rows), t, figsize=(1.0 * t, 1.05 * b * len(rows)))
+    for v in range(b):
+        for r, (label, pixels) in enumerate(rows):
+            for f in range(t):
+                ax = axes[v * len(rows) + r, f]
+                ax.imshow(
+                    ((pixels[v, :, f].clamp(-1, 1) + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest"
+                )
+                ax.set_xticks([]), ax.set_yticks([])
+                if f == 0:
+                    ax.set_ylabel(label, fontsize=7)
+                if v == 0 and r == 0:
+                    ax.set_title(f"frame {f}", fontsize=7)
+            if r:
+                p = psnr(pixels[v : v + 1].flatten(1), rows[0][1][v : v + 1].flatten(1)).item()
+                axes[v * len(rows) + r, -1].set_title(f"{p:.1f} dB", fontsize=7, loc="right")
+    fig.tight_layout(pad=0.2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(
@@ -105,7 +200,11 @@ def main() -> None:
     parser.add_argument("--video_weights", default=None, help="3D tokenizer safetensors (visual_3d.yaml)")
     parser.add_argument("--video_config", default=str(CONFIGS / "visual_3d.yaml"))
     parser.add_argument("--images", type=int, default=256, help="held-out images")
-    parser.add_argument("--videos", type=int, default=32, help="held-out 5-frame videos")
+    parser.add_argument("--videos", type=int, default=32, help="held-out videos")
+    parser.add_argument("--frames", type=int, default=5, help="frames per held-out video (1 + stride * k)")
+    parser.add_argument(
+        "--video_figure", default=None, help="write a PNG of 2 videos' frames: original, 3D, 2D per frame"
+    )
     parser.add_argument("--batch", type=int, default=64, help="batch size of the throughput timing")
     parser.add_argument(
         "--figure",
@@ -156,23 +255,7 @@ def main() -> None:
         )
 
     if args.video_weights:
-        video_tok = build(Path(args.video_config), args.video_weights)
-        moving = ShapesWorld(seed=0, include_motion=True)
-        videos = torch.stack([to_tensor(render_video(s, 5, size)) for s in moving.scenes("val", args.videos)])
-        vcodes = video_tok.encode(videos)
-        result["video_frames"] = videos.shape[2]
-        result["video_latent_frames"] = vcodes[0].shape[1]
-        result["video_psnr_per_scales_decoded"] = {
-            str(m): mean_psnr(video_tok.decode(vcodes[:m]).flatten(1), videos.flatten(1))
-            for m in range(1, len(vcodes) + 1)
-        }
-        result["video_psnr"] = result["video_psnr_per_scales_decoded"][str(len(vcodes))]
-        frames = videos.transpose(1, 2).flatten(0, 1)
-        per_frame = tok.decode(tok.encode(frames)).unflatten(0, videos.shape[:1] + videos.shape[2:3])
-        result["baseline_2d_per_frame_video_psnr"] = mean_psnr(
-            per_frame.transpose(1, 2).flatten(1), videos.flatten(1)
-        )
-        result["video_codes_per_frame_vs_2d"] = round(vcodes[0].shape[1] / videos.shape[2], 3)
+        result.update(video_results(tok, args, size))
 
     if args.figure:
         write_figure(Path(args.figure), tok, images[:8])

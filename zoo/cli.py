@@ -8,6 +8,8 @@ zoo models                                          # presets with total and act
 zoo export --checkpoint last.ckpt --out exported/ [--depth 0.5 --width 0.5 --topk 0.5]
 zoo push --checkpoint last.ckpt --repo_id user/zoo-tiny [--token T] [--private]
 zoo pull --repo_id user/zoo-tiny --out pulled/
+zoo analyze --checkpoint last.ckpt --out analysis/ [--batches 8] [--config data.yaml]   # routing by modality
+zoo ablate --config base.yaml --variant a= --variant b=overlay.yaml --seeds 0 1 2 --out runs/ablation/
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ EXTRA_COMMANDS = {
     "extract": "same as export",
     "push": "publish a checkpoint's model and tokenizer to the Hugging Face Hub",
     "pull": "download a published model into a directory and check that it loads",
+    "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
+    "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
 }
 
 
@@ -150,6 +154,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     if argv and argv[0] == "pull":
         pull_main(argv[1:])
+        return
+    if argv and argv[0] == "analyze":
+        from zoo.analysis.command import analyze_main
+
+        analyze_main(argv[1:])
+        return
+    if argv and argv[0] == "ablate":
+        from zoo.ablation import main as ablate_main
+
+        ablate_main(argv[1:])
         return
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)

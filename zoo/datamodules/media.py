@@ -313,6 +313,33 @@ def save_wav(wave: Tensor | np.ndarray, path: str | Path, sample_rate: int = 160
     return path
 
 
+def save_spectrogram_png(
+    wave: Tensor | np.ndarray, path: str | Path, sample_rate: int = 16000, n_mels: int = 64, height: int = 128
+) -> Path:
+    """Write a log-mel spectrogram of a mono wave [N] as a PNG (time left to right, low frequencies at the
+    bottom, magma colours, 80 dB range): a page can show what a WAV sounds like at a glance."""
+    from matplotlib import colormaps  # imported here: only pictures need it
+
+    x = torch.as_tensor(wave).detach().float().cpu()
+    if x.ndim != 1 or x.shape[0] == 0:
+        raise ValueError(f"save_spectrogram_png expects a non-empty mono wave [N], got shape {list(x.shape)}")
+    n_fft = 512
+    spec = torch.stft(
+        torch.nn.functional.pad(x, (0, max(0, n_fft - x.shape[0]))), n_fft, hop_length=n_fft // 4,
+        window=torch.hann_window(n_fft), return_complex=True,
+    ).abs().pow(2)
+    mel = AF.melscale_fbanks(n_fft // 2 + 1, 0.0, sample_rate / 2, n_mels, sample_rate).T @ spec
+    db = 10 * torch.log10(mel.clamp_min(1e-10))
+    db = (db - db.max() + 80).clamp_min(0) / 80  # the top 80 dB, scaled to [0, 1]
+    rgb = colormaps["magma"](db.flip(0).numpy())[..., :3]
+    image = Image.fromarray((rgb * 255).astype(np.uint8))
+    image = image.resize((max(image.width * 2, 64), height), Image.Resampling.NEAREST)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, format="PNG")
+    return path
+
+
 # ---------------------------------------------------------------- manifests
 
 

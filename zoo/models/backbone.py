@@ -6,7 +6,8 @@ QK-norm, Uni-RoPE over (t, h, w) positions, and a feed-forward that is a dense S
 
 The attention mask is the group rule of `zoo.batch`: a position sees its own group and all earlier
 groups of its document. Nothing here knows which modality a position holds: embedders put vectors
-in, heads read vectors out.
+in, heads read vectors out. The one exception is an explicit ablation, off by default: `modality_pools`
+(ERNIE 4.5-style modality-isolated routing) restricts each token to its modality's pool of experts.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.batch import GroupBatch, group_attention_mask
+from zoo.batch import GroupBatch, Modality, group_attention_mask
 from zoo.config import Configurable
 from zoo.models.elastic import ElasticConfig
-from zoo.models.moe import MoEFeedForward, RouterOutput, SwiGLU
+from zoo.models.moe import ModalityPools, MoEFeedForward, RouterOutput, SwiGLU
 
 
 class UniRoPE(nn.Module):
@@ -233,6 +234,9 @@ class UnifiedTransformer(Configurable, nn.Module):
         max_seq_len: the longest sequence (training row or prompt plus generation) accepted.
         qk_norm: RMSNorm on queries and keys.
         norm_eps: epsilon of every RMSNorm.
+        modality_pools: the modality-isolated routing ablation (ERNIE 4.5): each modality's tokens choose
+            only among its pool of routed experts (shared experts stay shared). None (default): the
+            modality-agnostic router of ERNIE 5.0, which never sees a modality.
     """
 
     def __init__(
@@ -258,6 +262,7 @@ class UnifiedTransformer(Configurable, nn.Module):
         max_seq_len: int = 1024,
         qk_norm: bool = True,
         norm_eps: float = 1e-6,
+        modality_pools: ModalityPools | None = None,
     ) -> None:
         super().__init__()
         if not 0 <= n_dense_layers <= n_layers:
@@ -296,7 +301,36 @@ class UnifiedTransformer(Configurable, nn.Module):
                 )
             self.layers.append(self.make_block(ffn))
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.modality_pools: ModalityPools | None = None
+        self.set_modality_pools(modality_pools)
         self.reset_parameters()
+
+    def set_modality_pools(self, pools: ModalityPools | None) -> None:
+        """Turn modality-isolated routing on (checked against n_experts and top_k) or off (None)."""
+        if pools is not None:
+            if self.n_dense_layers == self.n_layers:
+                raise ValueError("modality_pools needs MoE layers, but every layer is dense (n_dense_layers)")
+            pools.check(self.n_experts, self.top_k)
+        self.modality_pools = pools
+        pool_of = None if pools is None else pools.pool_of_expert(self.n_experts)
+        for block in self.layers:
+            if block.is_moe:
+                block.ffn.router.set_pools(pool_of)
+
+    def pool_mask(self, batch: GroupBatch, valid: Tensor | None) -> Tensor | None:
+        """`[N_valid, E]` bool: the experts each routed token may choose (None unless modality_pools)."""
+        if self.modality_pools is None:
+            return None
+        modality = batch.modality.reshape(-1) if valid is None else batch.modality[valid]
+        table = self.modality_pools.table(self.n_experts, len(Modality)).to(modality.device)
+        mask = table[modality]
+        if modality.numel() and not bool(mask.any(dim=-1).all()):
+            missing = sorted({Modality(int(m)).name for m in modality[~mask.any(dim=-1)].unique()})
+            raise ValueError(
+                f"modality_pools gives no experts to {', '.join(missing)} tokens found in the batch: "
+                "give that modality a pool"
+            )
+        return mask
 
     def make_block(self, ffn: SwiGLU | MoEFeedForward) -> TransformerBlock:
         """A block with this backbone's attention shape (MTP modules reuse it)."""
@@ -367,6 +401,9 @@ class UnifiedTransformer(Configurable, nn.Module):
         layers = range(self.n_layers) if elastic is None or elastic.layers is None else elastic.layers
         top_k = None if elastic is None else elastic.top_k
         expert_mask = None if elastic is None else elastic.expert_mask(self.n_experts, embeddings.device)
+        pools = self.pool_mask(batch, valid)
+        if pools is not None:  # isolated routing: a per-token [N, E] mask, within the elastic width
+            expert_mask = pools if expert_mask is None else pools & expert_mask
         x, router = embeddings, []
         for i in layers:
             forced = None if routing is None else routing.get(i)
@@ -403,6 +440,8 @@ class UnifiedTransformer(Configurable, nn.Module):
         small.n_layers = len(layers)
         small.n_dense_layers = sum(1 for i in layers if i < self.n_dense_layers)
         small.n_experts, small.top_k = len(experts), top_k
+        if self.modality_pools is not None:
+            small.set_modality_pools(self.modality_pools.remap(experts))
         # The sub-model's own constructor arguments: it rebuilds from them alone (hub, export).
         small.init_args = {
             **self.init_args,
@@ -411,5 +450,6 @@ class UnifiedTransformer(Configurable, nn.Module):
             "n_experts": small.n_experts,
             "top_k": top_k,
             "dense_hidden": self.dense_hidden,
+            "modality_pools": small.modality_pools,
         }
         return small

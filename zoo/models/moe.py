@@ -7,6 +7,11 @@ training (REFERENCES.md 2.11) is served by a per-call `top_k`, an `expert_mask` 
 the softmax, and `extract()`, which builds a smaller standalone layer holding only the kept experts.
 RL router replay forces the recorded expert sets while the gate weights come from the live router.
 
+One ablation breaks the agnosticism on purpose: `ModalityPools` (ERNIE 4.5's modality-isolated routing) gives
+each modality its own pool of routed experts. The router still reads only the hidden state and takes no
+modality; the backbone turns the pools into a per-token `[N, E]` `expert_mask` that removes other pools'
+experts from the softmax, as the `[E]` mask of elastic width does. Without pools nothing of this runs.
+
 Dispatch is dropless: token-assignments are sorted by expert, gathered once, multiplied by every expert's
 weights in one grouped matrix product per projection, and gathered back through the inverse permutation.
 """
@@ -58,6 +63,92 @@ class RouterOutput:
     aux_loss: Tensor  # scalar, coef * E_active * sum_i f_i P_i (0 unless balancing == "aux_loss")
     z_loss: Tensor  # scalar, coef * mean(logsumexp(logits)^2)
     load: Tensor  # [E] float32, detached: token-assignments per expert in this call
+
+
+@dataclass(frozen=True)
+class ModalityPools:
+    """Modality-isolated routing (ERNIE 4.5 heterogeneous MoE), the ablation of ERNIE 5.0's agnostic router.
+
+    Each field lists the routed experts that tokens of that `zoo.batch.Modality` may choose; shared experts
+    stay shared. Modalities that share a pool give the same list (e.g. image, video, audio and context all
+    on the "vision/audio" experts). The distinct pools must partition the routed experts 0..E-1 and each
+    hold at least top_k experts (`check`). An empty list means the modality is not expected: a token of it
+    is an error.
+    """
+
+    text: tuple[int, ...] = ()
+    image: tuple[int, ...] = ()
+    video: tuple[int, ...] = ()
+    audio: tuple[int, ...] = ()
+    context: tuple[int, ...] = ()
+
+    @classmethod
+    def split(cls, n_experts: int, n_text: int) -> ModalityPools:
+        """Experts 0..n_text-1 for text, the rest for every other modality (the usual two-pool split)."""
+        other = tuple(range(n_text, n_experts))
+        return cls(tuple(range(n_text)), other, other, other, other)
+
+    def pools(self) -> list[tuple[int, ...]]:
+        """The distinct non-empty pools, in field order."""
+        out: list[tuple[int, ...]] = []
+        for name in ("text", "image", "video", "audio", "context"):
+            pool = tuple(getattr(self, name))
+            if pool and pool not in out:
+                out.append(pool)
+        return out
+
+    def check(self, n_experts: int, top_k: int) -> None:
+        """Raise a ValueError naming the problem unless the pools partition 0..n_experts-1, >= top_k each."""
+        pools = self.pools()
+        if not pools:
+            raise ValueError("modality_pools gives no modality any expert: expected at least one pool")
+        seen: dict[int, int] = {}
+        for p, pool in enumerate(pools):
+            if len(set(pool)) != len(pool):
+                raise ValueError(f"modality_pools: pool {list(pool)} repeats an expert")
+            bad = [e for e in pool if not 0 <= e < n_experts]
+            if bad:
+                raise ValueError(f"modality_pools: experts {bad} out of range: expected ids in [0, {n_experts})")
+            if len(pool) < top_k:
+                raise ValueError(
+                    f"modality_pools: pool {list(pool)} has {len(pool)} experts, fewer than top_k={top_k}"
+                )
+            for e in pool:
+                if e in seen:
+                    raise ValueError(
+                        f"modality_pools: expert {e} is in two different pools ({list(pools[seen[e]])} and "
+                        f"{list(pool)}): modalities share a pool only by giving the same list"
+                    )
+                seen[e] = p
+        missing = sorted(set(range(n_experts)) - set(seen))
+        if missing:
+            raise ValueError(
+                f"modality_pools leaves experts {missing} in no pool: the pools must partition all "
+                f"n_experts={n_experts} routed experts"
+            )
+
+    def pool_of_expert(self, n_experts: int) -> list[int]:
+        """The index (into `pools()`) of each routed expert's pool."""
+        pool_of = [0] * n_experts
+        for p, pool in enumerate(self.pools()):
+            for e in pool:
+                pool_of[e] = p
+        return pool_of
+
+    def table(self, n_experts: int, n_modalities: int) -> Tensor:
+        """`[n_modalities, E]` bool indexed by `Modality` value: row m says which experts m may choose.
+        Row 0 (padding) and the rows of modalities without a pool are all False."""
+        table = torch.zeros(n_modalities, n_experts, dtype=torch.bool)
+        for m, name in enumerate(("text", "image", "video", "audio", "context"), start=1):
+            if m < n_modalities and getattr(self, name):
+                table[m, list(getattr(self, name))] = True
+        return table
+
+    def remap(self, keep_experts: list[int]) -> ModalityPools:
+        """The pools of a sub-model that keeps only `keep_experts` (renumbered 0..len-1, elastic extract)."""
+        new_id = {e: i for i, e in enumerate(keep_experts)}
+        fields = ("text", "image", "video", "audio", "context")
+        return ModalityPools(*(tuple(new_id[e] for e in getattr(self, f) if e in new_id) for f in fields))
 
 
 def expert_mask_of(keep_experts: list[int], n_experts: int, device: torch.device | None = None) -> Tensor:
@@ -128,6 +219,17 @@ class Router(nn.Module):
         self.register_buffer("tokens_per_expert", torch.zeros(n_experts), persistent=False)
         # In how many routing calls each expert could be chosen (elastic width drops some for a step).
         self.register_buffer("calls_available", torch.zeros(n_experts), persistent=False)
+        # Modality-isolated routing only (`set_pools`): each expert's pool, so the bias balances within it.
+        self.expert_pool: Tensor | None = None
+
+    def set_pools(self, pool_of_expert: list[int] | None) -> None:
+        """Balance the aux-free bias within expert pools (modality-isolated routing); None: all experts."""
+        if pool_of_expert is None:
+            self.expert_pool = None
+            return
+        if len(pool_of_expert) != self.n_experts:
+            raise ValueError(f"pool_of_expert has {len(pool_of_expert)} entries: expected {self.n_experts}")
+        self.expert_pool = torch.tensor(pool_of_expert, dtype=torch.long, device=self.expert_bias.device)
 
     def forward(
         self,
@@ -136,24 +238,24 @@ class Router(nn.Module):
         expert_mask: Tensor | None = None,
         forced_indices: Tensor | None = None,
     ) -> RouterOutput:
-        """Route x [N, D]. `expert_mask` [E] bool (False = dropped); `forced_indices` [N, k] replays sets."""
+        """Route x [N, D]. `expert_mask` [E] bool (False = dropped; elastic width) or [N, E] (the experts
+        each token may choose: modality-isolated routing); `forced_indices` [N, k] replays sets."""
         if x.dim() != 2 or x.shape[-1] != self.dim:
             raise ValueError(f"router input has shape {tuple(x.shape)}: expected [N, {self.dim}]")
         n_tokens, n_experts = x.shape[0], self.n_experts
         n_active = n_experts
         if expert_mask is not None:
-            if expert_mask.shape != (n_experts,) or expert_mask.dtype != torch.bool:
-                raise ValueError(
-                    f"expert_mask has shape {tuple(expert_mask.shape)} and dtype {expert_mask.dtype}: "
-                    f"expected a [{n_experts}] bool tensor"
-                )
-            n_active = int(expert_mask.sum())
-            if n_active == 0:
-                raise ValueError("expert_mask drops every expert: expected at least one True")
+            n_active = self._check_mask(expert_mask, n_tokens)
         k = self.top_k if top_k is None else top_k
         if forced_indices is not None:
             k = self._check_forced(forced_indices, n_tokens, top_k, expert_mask)
         if not 1 <= k <= n_active:
+            if expert_mask is not None and expert_mask.dim() == 2:
+                raise ValueError(
+                    f"top_k={k}: a token may choose only {n_active} experts of its modality's pool (after "
+                    "elastic width dropped some): with modality_pools, keep every expert (ElasticSampler "
+                    "p_full_width=1.0) or at least top_k of each pool"
+                )
             raise ValueError(f"top_k={k}: expected 1 <= top_k <= number of kept experts ({n_active})")
 
         logits = self.gate(x).float()
@@ -183,7 +285,7 @@ class Router(nn.Module):
         load = torch.bincount(indices.reshape(-1), minlength=n_experts).float()
         if self.training:
             self.tokens_per_expert += load
-            self.calls_available += 1.0 if expert_mask is None else expert_mask.float()
+            self.calls_available += 1.0 if expert_mask is None else self._available(expert_mask)
         if self.balancing == "aux_loss" and with_losses:
             aux_loss = self._aux_loss(probs, load, n_tokens * k, n_active)
         else:
@@ -213,9 +315,33 @@ class Router(nn.Module):
             raise ValueError(f"forced_indices out of range: expected expert ids in [0, {self.n_experts})")
         if k > 1 and bool((forced.sort(dim=-1).values.diff(dim=-1) == 0).any()):
             raise ValueError("forced_indices repeats an expert within a token: expected k distinct experts")
-        if expert_mask is not None and not bool(expert_mask[forced].all()):
+        allowed = None if expert_mask is None else (
+            expert_mask[forced] if expert_mask.dim() == 1 else expert_mask.gather(1, forced)
+        )
+        if allowed is not None and not bool(allowed.all()):
             raise ValueError("forced_indices selects an expert that expert_mask drops")
         return k
+
+    def _check_mask(self, mask: Tensor, n_tokens: int) -> int:
+        """The fewest experts any token may choose under `mask` ([E] or [N, E] bool)."""
+        e = self.n_experts
+        if mask.dtype != torch.bool or mask.shape not in ((e,), (n_tokens, e)):
+            raise ValueError(
+                f"expert_mask has shape {tuple(mask.shape)} and dtype {mask.dtype}: "
+                f"expected a [{e}] (or per token [N={n_tokens}, {e}]) bool tensor"
+            )
+        if mask.dim() == 1:
+            n_active = int(mask.sum())
+        else:
+            n_active = int(mask.sum(dim=-1).min()) if n_tokens else e
+        if n_active == 0:
+            raise ValueError("expert_mask drops every expert (of a token): expected at least one True")
+        return n_active
+
+    @staticmethod
+    def _available(mask: Tensor) -> Tensor:
+        # A per-token mask: an expert was available in this call if any token could choose it.
+        return (mask if mask.dim() == 1 else mask.any(dim=0)).float()
 
     @torch.no_grad()
     def update_bias(self, gamma: float) -> Tensor:
@@ -237,12 +363,23 @@ class Router(nn.Module):
         seen = available > 0
         if bool(seen.any()):
             rate = load / available.clamp_min(1.0)
-            step = torch.sign(rate[seen].mean() - rate) * seen
+            step = torch.sign(self._mean_rate(rate, seen) - rate) * seen
             self.expert_bias += gamma * step
             self.expert_bias -= self.expert_bias.mean()
         self.tokens_per_expert.zero_()
         self.calls_available.zero_()
         return load
+
+    def _mean_rate(self, rate: Tensor, seen: Tensor) -> Tensor:
+        """The mean rate each expert is compared with: of all experts, or of its own pool (isolated routing:
+        pools see different token counts, so a global mean would push a whole pool's biases together)."""
+        if self.expert_pool is None:
+            return rate[seen].mean()
+        pool = self.expert_pool.to(rate.device)
+        n_pools = int(pool.max()) + 1
+        total = rate.new_zeros(n_pools).index_add_(0, pool, rate * seen)
+        count = rate.new_zeros(n_pools).index_add_(0, pool, seen.float())
+        return (total / count.clamp_min(1.0))[pool]
 
 
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
@@ -429,7 +566,8 @@ class MoEFeedForward(nn.Module):
         expert_mask: Tensor | None = None,
         forced_indices: Tensor | None = None,
     ) -> MoEOutput:
-        """x [..., D] -> MoEOutput(out [..., D], router decisions for the flattened tokens)."""
+        """x [..., D] -> MoEOutput(out [..., D], router decisions for the flattened tokens).
+        `expert_mask`: [E], or [N, E] per flattened token (modality-isolated routing); see Router."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"MoE input has width {x.shape[-1]}: expected {self.dim}")
         flat_x = x.reshape(-1, self.dim)

@@ -39,23 +39,76 @@ CODEC_FILE = "audio_codec.safetensors"
 
 
 class MultiScaleMelLoss(nn.Module):
-    """Mean over FFT sizes of L1 between log-mel spectrograms (hop n_fft / 4, n_fft / 8 mel bands)."""
+    """Mean over FFT sizes of L1 between log-mel magnitude spectrograms (hop n_fft / 4).
 
-    def __init__(self, sample_rate: int, fft_sizes: tuple[int, ...]) -> None:
+    Args:
+        sample_rate: waveform sample rate in Hz.
+        fft_sizes: FFT size of each scale.
+        n_mels: mel bands of each scale (None: max(16, n_fft / 8) each). DAC pairs small windows with few
+            bands (5 bands at 32 samples ... 320 at 2048): the coarse scales ask for the spectral envelope
+            and its timing, which a decoder can match long before it can match single harmonics.
+        floor: added to the mel magnitudes before the log (how faint a band may be and still count).
+    """
+
+    def __init__(
+        self,
+        sample_rate: int,
+        fft_sizes: tuple[int, ...],
+        n_mels: tuple[int, ...] | None = None,
+        floor: float = 1e-5,
+    ) -> None:
         super().__init__()
+        fft_sizes = tuple(fft_sizes)
+        bands = tuple(max(16, n // 8) for n in fft_sizes) if n_mels is None else tuple(n_mels)
+        if len(bands) != len(fft_sizes) or any(b < 1 for b in bands):
+            raise ValueError(
+                f"MultiScaleMelLoss: n_mels needs one band count >= 1 per FFT size {fft_sizes}, got {n_mels}"
+            )
+        self.floor = floor
         # torchaudio checks its filter banks with .item(): build them on the CPU even under a meta device
         with torch.device("cpu"):
             self.mels = nn.ModuleList(
                 torchaudio.transforms.MelSpectrogram(
-                    sample_rate=sample_rate, n_fft=n, hop_length=n // 4, n_mels=max(16, n // 8), power=1.0
+                    sample_rate=sample_rate, n_fft=n, hop_length=n // 4, n_mels=b, power=1.0
                 )
-                for n in fft_sizes
+                for n, b in zip(fft_sizes, bands, strict=True)
             )
 
     def forward(self, prediction: Tensor, target: Tensor) -> Tensor:
-        losses = [
-            ((mel(prediction) + 1e-5).log() - (mel(target) + 1e-5).log()).abs().mean() for mel in self.mels
-        ]
+        eps = self.floor
+        losses = [((mel(prediction) + eps).log() - (mel(target) + eps).log()).abs().mean() for mel in self.mels]
+        return torch.stack(losses).mean()
+
+
+class MultiResolutionSTFTLoss(nn.Module):
+    """Mean over FFT sizes of spectral convergence plus log-magnitude L1 (Yamamoto et al. 2020, Parallel
+    WaveGAN section 2.3; DAC's and EnCodec's multi-resolution spectral losses), hop n_fft / 4.
+
+    Spectral convergence, ||S - S'||_F / ||S||_F, weighs the loud bins (harmonics, formants): the log terms
+    weigh every bin alike, faint ones included, and on their own let a decoder trade the peaks that make a
+    word for a matched noise floor.
+    """
+
+    def __init__(self, fft_sizes: tuple[int, ...], floor: float = 1e-5) -> None:
+        super().__init__()
+        if not fft_sizes or any(n < 8 for n in fft_sizes):
+            raise ValueError(f"MultiResolutionSTFTLoss: fft_sizes must be >= 8 each, got {fft_sizes}")
+        self.fft_sizes, self.floor = tuple(fft_sizes), floor
+        for n in self.fft_sizes:
+            self.register_buffer(f"window_{n}", torch.hann_window(n), persistent=False)
+
+    def _magnitude(self, wave: Tensor, n: int) -> Tensor:
+        window = getattr(self, f"window_{n}")
+        spec = torch.stft(wave, n, n // 4, window=window.to(wave.dtype), return_complex=True)
+        return spec.abs()
+
+    def forward(self, prediction: Tensor, target: Tensor) -> Tensor:
+        losses = []
+        for n in self.fft_sizes:
+            pred, ref = self._magnitude(prediction, n), self._magnitude(target, n)
+            convergence = (pred - ref).norm() / ref.norm().clamp_min(self.floor)
+            log_l1 = (pred.clamp_min(self.floor).log() - ref.clamp_min(self.floor).log()).abs().mean()
+            losses.append(convergence + log_l1)
         return torch.stack(losses).mean()
 
 
@@ -130,7 +183,11 @@ class AudioTokenizerTask(L.LightningModule):
         wave_weight: weight of the waveform L1.
         commit_weight: weight of the summed RVQ commitment losses.
         distill_weight: weight of the distillation loss.
+        stft_weight: weight of the multi-resolution STFT loss (spectral convergence + log magnitude);
+            0 leaves it out.
         mel_fft_sizes: FFT sizes of the multi-scale mel loss.
+        mel_bands: mel bands at each of those FFT sizes (None: max(16, n_fft / 8)).
+        stft_fft_sizes: FFT sizes of the multi-resolution STFT loss.
         lr: AdamW learning rate (constant after a linear warm-up).
         betas: AdamW betas (DAC uses (0.8, 0.99)).
         warmup_steps: linear warm-up steps.
@@ -148,7 +205,10 @@ class AudioTokenizerTask(L.LightningModule):
         wave_weight: float = 1.0,
         commit_weight: float = 1.0,
         distill_weight: float = 1.0,
+        stft_weight: float = 0.0,
         mel_fft_sizes: tuple[int, ...] = (256, 512, 1024),
+        mel_bands: tuple[int, ...] | None = None,
+        stft_fft_sizes: tuple[int, ...] = (2048, 512, 128),
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.8, 0.99),
         warmup_steps: int = 20,
@@ -170,13 +230,17 @@ class AudioTokenizerTask(L.LightningModule):
             "wave": wave_weight,
             "commit": commit_weight,
             "distill": distill_weight,
+            "stft": stft_weight,
         }
         self.lr, self.betas, self.warmup_steps = lr, tuple(betas), warmup_steps
         self.num_logged_samples = num_logged_samples
         self.segment_frames = (
             None if segment_seconds is None else max(1, round(segment_seconds * codec.frame_rate))
         )
-        self.mel_loss = MultiScaleMelLoss(codec.sample_rate, tuple(mel_fft_sizes))
+        self.mel_loss = MultiScaleMelLoss(
+            codec.sample_rate, tuple(mel_fft_sizes), None if mel_bands is None else tuple(mel_bands)
+        )
+        self.stft_loss = MultiResolutionSTFTLoss(tuple(stft_fft_sizes)) if stft_weight > 0 else None
         # The projection of level 1 into the teacher's space (SpeechTokenizer's `transform`) trains with the
         # codec but belongs to the task: the codec's safetensors file holds the codec alone.
         self.distill_proj = None if teacher is None else nn.Linear(codec.codebook_dim, teacher.dim)
@@ -240,6 +304,8 @@ class AudioTokenizerTask(L.LightningModule):
             "wave": (recon - wave).abs().sum() / sample_mask.sum().clamp_min(1),
             "commit": out.commit_loss.sum(),
         }
+        if self.stft_loss is not None:
+            losses["stft"] = self.stft_loss(recon, wave)
         if target is not None:
             features = self.distill_proj(out.semantic)
             loss_fn = d_axis_distill_loss if self.distill_loss == "d_axis" else t_axis_distill_loss

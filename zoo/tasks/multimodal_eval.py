@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from zoo.datamodules.media import save_gif, save_png, save_wav
+from zoo.datamodules.media import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.datamodules.shapes_render import verify_image, verify_video
@@ -285,6 +285,9 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
         for i, sample in enumerate(s for s in evaluation.samples if s.task == task):
             name = _save_media(sample, directory / f"{task}_{i:03d}")
             link = f"![{task} {i}]({name})" if name.endswith((".png", ".gif")) else f"[{name}]({name})"
+            if name.endswith(".wav"):  # the spectrogram to look at, linking to the WAV to listen to
+                picture = save_spectrogram_png(sample.media, directory / f"{task}_{i:03d}_spectrogram.png")
+                link = f"[![{task} {i}]({picture.name})]({name})"
             score = sample.score
             verdict = "unreadable" if score is None or not score.parsed else (
                 f"{'exact' if score.exact else 'inexact'}, attributes {score.attribute_accuracy:.2f}"

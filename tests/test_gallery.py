@@ -1,0 +1,65 @@
+"""The gallery page the demo ends with: every sample's media written next to a Markdown page that shows it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from zoo.datamodules.media import save_spectrogram_png
+from zoo.datamodules.shapes import ShapesWorld, verify_caption
+from zoo.datamodules.shapes_render import render_image, render_video, to_tensor, verify_image
+from zoo.datamodules.shapes_speech import render_speech, verify_speech
+from zoo.tasks.multimodal_eval import Evaluation, Sample, write_gallery
+
+
+def _evaluation() -> Evaluation:
+    world = ShapesWorld(seed=0)
+    scene = world.scene(0, "val")
+    text = world.caption(scene)
+    image = to_tensor(render_image(scene))
+    wave = torch.from_numpy(render_speech(text, seed=0))
+    samples = [
+        Sample("text_to_image", scene, text, media=image, score=verify_image(image, scene)),
+        Sample("text_to_video", scene, text, media=to_tensor(render_video(scene))),
+        Sample("text_to_audio", scene, text, media=wave, score=verify_speech(wave, scene)),
+        Sample("image_to_text", scene, text, output=text, media=image, score=verify_caption(text, scene)),
+    ]
+    metrics = {}
+    for task in ("text_to_image", "text_to_video", "text_to_audio", "image_to_text"):
+        metrics |= {f"{task}/{k}": 0.5 for k in ("exact", "attribute_accuracy")}
+        metrics |= {f"{task}/baseline_{k}": 0.0 for k in ("exact", "attribute_accuracy")}
+    return Evaluation(metrics, samples)
+
+
+def test_gallery_page_links_every_sample_to_a_file_that_exists(tmp_path):
+    page = write_gallery(_evaluation(), tmp_path / "gallery")
+    text = page.read_text()
+    for name in ("text_to_image_000.png", "text_to_video_000.gif", "text_to_audio_000.wav",
+                 "text_to_audio_000_spectrogram.png", "image_to_text_000.png"):
+        assert (tmp_path / "gallery" / name).is_file(), name
+        assert f"({name})" in text, name
+    assert "| text_to_audio | exact 0.50, attributes 0.50 | exact 0.00, attributes 0.00 |" in text
+    assert "exact, attributes 1.00" in text  # the rendered scene verifies exactly
+    assert json.loads((tmp_path / "gallery" / "metrics.json").read_text())["text_to_image/exact"] == 0.5
+
+
+def test_spectrogram_picture_shows_a_tone_at_its_height(tmp_path):
+    t = np.arange(16000) / 16000
+    low = save_spectrogram_png(np.sin(2 * np.pi * 300 * t).astype(np.float32), tmp_path / "low.png")
+    high = save_spectrogram_png(np.sin(2 * np.pi * 4000 * t).astype(np.float32), tmp_path / "high.png")
+
+    def brightest_row(path):
+        pixels = np.asarray(Image.open(path).convert("L"), dtype=np.float32)
+        return int(pixels.mean(axis=1).argmax())
+
+    # Low frequencies are drawn at the bottom (high row index).
+    assert brightest_row(low) > brightest_row(high) + 20
+
+
+def test_spectrogram_refuses_a_stereo_array(tmp_path):
+    with pytest.raises(ValueError, match="mono wave"):
+        save_spectrogram_png(np.zeros((2, 100), dtype=np.float32), tmp_path / "x.png")
