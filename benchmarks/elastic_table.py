@@ -76,7 +76,11 @@ def train(
         args.append(f"--model.init_args.model.init_args.visual_tokenizer.init_args.weights={tokenizer_weights}")
     if not elastic:
         args.append("--model.init_args.elastic=null")
-    cli = ZooCLI(args=args, run=False)
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees this script's own flags
+    try:
+        cli = ZooCLI(args=args, run=False)
+    finally:
+        sys.argv = argv
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     cli.model.model.eval()
     return cli

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, log, machine_info  # noqa: E402
 
+from zoo.datamodules.shapes_cascade import ShapesCascadeDataModule  # noqa: E402
 from zoo.tasks.refiner import (  # noqa: E402
     RefinerTraining,
     TokenizerDegradation,
@@ -47,21 +48,35 @@ def held_out_images(size: int, count: int, seed: int) -> torch.Tensor:
     return next(iter(data.val_dataloader()))["pixels"][:count]
 
 
-def evaluate(refiner, degradation, images, steps_list, batch_size, seed):
-    """PSNR of the condition's plain upsamplings and of the refined images (per step count) vs `images`.
+def held_out_pairs(
+    size: int, condition_size: int, count: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same validation scenes rendered at `size` and natively at `condition_size`."""
+    data = ShapesCascadeDataModule(
+        size, condition_size, train_size=1, val_size=count, batch_size=count, seed=seed
+    )
+    batch = next(iter(data.val_dataloader()))
+    return batch["pixels"][:count], batch["condition_pixels"][:count]
+
+
+def evaluate(refiner, degradation, images, sources, steps_list, batch_size, seed):
+    """PSNR of the condition's plain upsamplings and of the refined images (per step count) vs `images`;
+    the degradation is applied to `sources` (the images themselves, or their native low-resolution renders).
 
     Returns (results, condition, upsampled, refined at the first step count)."""
     conditions, upsampled, bicubic = [], [], []
     size = (refiner.image_size, refiner.image_size)
     with torch.no_grad():
-        for batch in images.split(batch_size):
+        for batch in sources.split(batch_size):
             c = degradation(batch)
             conditions.append(c)
             upsampled.append(refiner.upsampled(c))
             bicubic.append(F.interpolate(c, size=size, mode="bicubic", align_corners=False).clamp(-1, 1))
     condition, upsampled = torch.cat(conditions), torch.cat(upsampled)
     # How faithful the condition is at its own resolution (for a tokenizer: its reconstruction PSNR).
-    low = F.interpolate(images, size=tuple(condition.shape[-2:]), mode="area")
+    low = sources if sources.shape[-2:] == condition.shape[-2:] else None
+    if low is None:
+        low = F.interpolate(images, size=tuple(condition.shape[-2:]), mode="area")
     result = {
         "psnr_condition_vs_downsampled_target": round(psnr(condition, low).mean().item(), 3),
         "psnr_upsampled": round(psnr(upsampled, images).mean().item(), 3),
@@ -113,6 +128,13 @@ def main() -> None:
         help="tokenizer conditions only: also decode from the first N scales for each N given (a coarser, "
         "partly wrong decode, as when generation goes astray); the refiner is the same",
     )
+    parser.add_argument(
+        "--condition-size",
+        type=int,
+        default=None,
+        help="degrade native renders of this side (ShapesCascadeDataModule, as configs/refiner/"
+        "tokenizer_native.yaml trains) instead of the full-size images",
+    )
     parser.add_argument("--data-seed", type=int, default=0, help="ShapesMediaDataModule seed (its val split)")
     parser.add_argument(
         "--png", default=None, help="write condition | upsampled | refined | target of 8 images here"
@@ -133,12 +155,15 @@ def main() -> None:
             f"{type(degradation).__name__}"
         )
     steps_list = args.steps or [refiner.num_inference_steps]
-    images = held_out_images(refiner.image_size, args.images, args.data_seed)
+    if args.condition_size:
+        images, sources = held_out_pairs(refiner.image_size, args.condition_size, args.images, args.data_seed)
+    else:
+        images = sources = held_out_images(refiner.image_size, args.images, args.data_seed)
     what = type(degradation).__name__
     log(f"{len(images)} held-out {refiner.image_size}px images; degradation {what}; {machine}")
 
     result, condition, upsampled, first_refined = evaluate(
-        refiner, degradation, images, steps_list, args.batch_size, args.seed
+        refiner, degradation, images, sources, steps_list, args.batch_size, args.seed
     )
     if args.png:
         shown = (condition[:8], upsampled[:8], first_refined[:8], images[:8])
@@ -151,7 +176,7 @@ def main() -> None:
             log(f"decoding from the first {m} scales:")
             degradation.scales = m
             by_scales[str(m)], *_ = evaluate(
-                refiner, degradation, images, steps_list, args.batch_size, args.seed
+                refiner, degradation, images, sources, steps_list, args.batch_size, args.seed
             )
         degradation.scales = trained_scales
 
@@ -168,6 +193,7 @@ def main() -> None:
             "prediction_type": refiner.prediction_type,
             "degradation": type(degradation).__name__,
             "condition_size": list(condition.shape[-2:]),
+            "condition_source": f"native {args.condition_size}px render" if args.condition_size else "target",
             "image_size": refiner.image_size,
             "images": len(images),
             "refiner_params": sum(p.numel() for p in refiner.parameters()),

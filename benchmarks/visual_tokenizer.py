@@ -7,7 +7,9 @@ Reports, in one JSON line:
   number of "pixels" as the finest scale, in continuous colour) and, when given, a single-scale VQ
   tokenizer with the same codebook trained with the same budget (`--single_scale_weights`);
 - video: PSNR on held-out 5-frame videos of the causal 3D tokenizer (`--video_weights`, e.g. inflated
-  from the 2D one and fine-tuned) against the 2D tokenizer applied frame by frame;
+  from the 2D one and fine-tuned), per number of scales decoded, against the 2D tokenizer applied frame
+  by frame and against the 3D tokenizer as inflated from `--weights` before any training; a check that
+  inflation with stride 1 reproduces the 2D codes; `--video_figure` draws frames (original, 3D, 2D);
 - encode+decode images/s of the tokenizer, timed interleaved with the bicubic baseline.
 
 It loads trained weights (the `visual_tokenizer.safetensors` that `zoo fit` writes) and rebuilds the
@@ -16,7 +18,8 @@ tokenizers from the YAML configs; it does not train.
     .venv/bin/python benchmarks/visual_tokenizer.py \
         --weights runs/visual_2d/visual_tokenizer.safetensors \
         [--single_scale_weights runs/visual_2d_single/visual_tokenizer.safetensors] \
-        [--video_weights runs/visual_3d/visual_tokenizer.safetensors]
+        [--video_weights runs/visual_3d/visual_tokenizer.safetensors \
+         --video_figure docs/img/visual_tokenizer_video.png]
 """
 
 from __future__ import annotations

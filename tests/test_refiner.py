@@ -297,3 +297,53 @@ def test_a_batch_without_images_is_refused_by_name():
         task.training_step({"audio": torch.zeros(2, 100)}, 0)
     with pytest.raises(ValueError, match="'pixels' must be images.*kind='image'"):
         task.training_step({"pixels": torch.zeros(2, 3, 5, 16, 16)}, 0)
+
+
+def test_cascade_data_pairs_each_target_with_the_native_low_resolution_render_of_the_same_scene():
+    from zoo.datamodules.media_data import ShapesMediaDataModule
+    from zoo.datamodules.shapes_cascade import ShapesCascadeDataModule
+    from zoo.datamodules.shapes_render import render_image, to_tensor
+
+    data = ShapesCascadeDataModule(size=24, condition_size=12, train_size=4, val_size=4, batch_size=4)
+    batch = next(iter(data.val_dataloader()))
+    assert batch["pixels"].shape == (4, 3, 24, 24) and batch["condition_pixels"].shape == (4, 3, 12, 12)
+    plain = ShapesMediaDataModule(kind="image", size=24, train_size=1, val_size=4, batch_size=4)
+    assert torch.equal(batch["pixels"], next(iter(plain.val_dataloader()))["pixels"]), "same val scenes"
+    scene = data.world.scene(2, "val")
+    assert torch.equal(batch["condition_pixels"][2], to_tensor(render_image(scene, 12)))
+    # A native render is not the area-downsampled target (hard edges): why the cascade needs both.
+    area = torch.nn.functional.interpolate(batch["pixels"], size=(12, 12), mode="area")
+    assert not torch.allclose(area, batch["condition_pixels"])
+    with pytest.raises(ValueError, match="condition_size=32 must be <= size=16"):
+        ShapesCascadeDataModule(size=16, condition_size=32)
+
+
+def test_the_degradation_sees_condition_pixels_when_the_batch_has_them(tmp_path):
+    from zoo.datamodules.shapes_cascade import ShapesCascadeDataModule
+
+    torch.manual_seed(0)  # a 12x12 tokenizer: ShapesWorld renders nothing smaller
+    quantizer = MultiScaleQuantizer(dim=4, codebook_size=16, scales=(1, 3, 6))
+    tokenizer = VisualTokenizer(image_size=12, channels=(8, 8), quantizer=quantizer)
+    task = RefinerTraining(tiny(num_inference_steps=1), TokenizerDegradation(tokenizer), num_samples=2)
+    data = ShapesCascadeDataModule(size=16, condition_size=12, train_size=2, val_size=2, batch_size=2)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1,
+    )
+    trainer.fit(task, data)
+    batch = next(iter(data.val_dataloader()))
+    expected = tokenizer.decode(tokenizer.encode(batch["condition_pixels"])).clamp(-1, 1)
+    shown = torch.nn.functional.interpolate(expected, size=(16, 16), mode="nearest")
+    left = task.last_grid[:, :, :16]  # the grid's first column: the condition, nearest-upsampled
+    torch.testing.assert_close(left, ((torch.cat(list(shown), dim=-2).clamp(-1, 1) + 1) / 2))
+    with pytest.raises(
+        ValueError, match="'condition_pixels' must be \\[B, 3, h, w\\] images, one per target"
+    ):
+        task.training_step({"pixels": batch["pixels"], "condition_pixels": batch["condition_pixels"][:1]}, 0)

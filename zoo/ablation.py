@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,11 @@ def run_once(base: str, variant: Variant, seed: int, settings: list[str], run_di
     args += [f"--seed_everything={seed}", *(f"--{s}" for s in settings)]
     cli_class = _cli_class()
     cli_class.run_dir = str(run_dir)
-    cli = cli_class(args=args, run=False)
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees this command's own flags
+    try:
+        cli = cli_class(args=args, run=False)
+    finally:
+        sys.argv = argv
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     metrics = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     return {k: float(v) for k, v in (metrics[0] if metrics else {}).items()}

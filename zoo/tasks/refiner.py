@@ -4,6 +4,9 @@ The refiner learns to restore full-resolution images from a degraded version of 
 them is a swappable component: `TokenizerDegradation` is the real thing (the frozen visual tokenizer's
 decode, optionally at a lower resolution and from a prefix of its scales: exactly what the unified model's
 generated codes become), `DownsampleDegradation` a plain down-sampling for tests and as a baseline.
+A batch may carry `condition_pixels` (the native low-resolution render of the same scene, from
+`zoo.datamodules.shapes_cascade.ShapesCascadeDataModule`): the degradation then sees those instead of the
+full-resolution target.
 Validation reports PSNR of the refined images against the plainly upsampled condition, and writes a
 comparison grid (condition | refined | target) to the logger and as a PNG beside the logs.
 """
@@ -128,9 +131,6 @@ class TokenizerDegradation(Configurable, Degradation):
         return self.tokenizer.decode(codes).clamp(-1, 1)
 
 
-# --- the task ----------------------------------------------------------------------------------------
-
-
 def psnr(prediction: Tensor, target: Tensor) -> Tensor:
     """Per-image PSNR in dB of images in [-1, 1] (peak-to-peak 2, i.e. the usual PSNR on [0, 1])."""
     mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
@@ -206,7 +206,9 @@ class RefinerTraining(L.LightningModule):
         self.num_samples, self.seed = num_samples, seed
         self.last_grid: Tensor | None = None
 
-    def _pixels(self, batch: dict[str, Tensor]) -> Tensor:
+    def _pixels(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(target images, what the degradation sees: `batch["condition_pixels"]` when given, else the
+        targets themselves)."""
         if not isinstance(batch, dict) or "pixels" not in batch:
             keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
             raise ValueError(f"RefinerTraining: batches must be dicts with 'pixels' [B, 3, H, W], got {keys}")
@@ -216,11 +218,17 @@ class RefinerTraining(L.LightningModule):
                 f"RefinerTraining: 'pixels' must be images [B, 3, H, W], got {tuple(pixels.shape)} "
                 "(the refiner works on images; use ShapesMediaDataModule(kind='image'))"
             )
-        return pixels
+        source = batch.get("condition_pixels", pixels)
+        if source.dim() != 4 or source.shape[0] != pixels.shape[0]:
+            raise ValueError(
+                f"RefinerTraining: 'condition_pixels' must be [B, 3, h, w] images, one per target, got "
+                f"{tuple(source.shape)} for targets {tuple(pixels.shape)}"
+            )
+        return pixels, source
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        pixels = self._pixels(batch)
-        loss = self.refiner.loss(pixels, self.degradation(pixels))
+        pixels, source = self._pixels(batch)
+        loss = self.refiner.loss(pixels, self.degradation(source))
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite refiner loss ({loss.item()}) at global step {self.global_step}; "
@@ -230,8 +238,8 @@ class RefinerTraining(L.LightningModule):
         return loss
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        pixels = self._pixels(batch)
-        condition = self.degradation(pixels)
+        pixels, source = self._pixels(batch)
+        condition = self.degradation(source)
         generator = torch.Generator().manual_seed(self.seed + batch_idx)
         loss = self.refiner.loss(pixels, condition, generator=generator)
         b = pixels.shape[0]
