@@ -203,3 +203,42 @@ def test_every_rl_config_builds_an_rl_task_and_its_datamodule(path: Path, tmp_pa
     assert isinstance(cli.model, RLTask) and isinstance(cli.datamodule, RLDataModule)
     assert cli.datamodule.vocab == cli.model.model.vocab
     assert cli.model.loss_config.algorithm in path.stem or path.stem == "urb"
+
+
+def correct_probability(model, data: RLDataModule, queries: list) -> float:
+    """Mean exact probability of the reference answer + <eos> (what sampled accuracy estimates)."""
+    from zoo.rl.replay import sequence_logprobs
+    from zoo.rl.rollout import Rollout
+
+    rollouts = [
+        Rollout(q, data.base_prompt_ids(q), [*data.encode_text(q.answer), model.vocab.eos_id],
+                torch.zeros(0), None, [], True, False)
+        for q in queries
+    ]  # fmt: skip
+    with torch.no_grad():
+        return float(torch.stack([lp.sum().exp() for lp in sequence_logprobs(model, rollouts)]).mean())
+
+
+def test_rl_steps_raise_the_probability_of_correct_answers_and_the_permuted_control_does_not(
+    warm_state, tmp_path: Path
+):
+    """The end-to-end sign check: rewarded answers become likelier. A flipped advantage, log-probs of the
+    wrong tokens or a leak of another loss into the update fails it; the same steps with each group's
+    rewards permuted (`permute_rewards`) move the weights as much but not the answers' probability."""
+    gains = {}
+    for control in (False, True):
+        torch.manual_seed(5)
+        model = warm_model(warm_state)
+        data = make_data(model, train_size=4)
+        data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
+        before = correct_probability(model, data, data.train_queries())
+        task = RLTask(
+            model,
+            loss=PolicyLossConfig(algorithm="gspo", icepop=False),
+            rollout=RolloutConfig(max_new_tokens=4),
+            batch_size=4, group_size=8, lr=3e-3, permute_rewards=control,
+        )  # fmt: skip
+        fit(task, data, tmp_path, steps=6, limit_val_batches=0)
+        gains[control] = correct_probability(model, data, data.train_queries()) - before
+    assert gains[False] > 0.05, gains
+    assert gains[False] > gains[True] + 0.05, gains

@@ -100,6 +100,9 @@ class RLTask(L.LightningModule):
         verifier_timeout_s: longest a verifier call may take.
         wpsm_momentum: per-query accuracy for WPSM: EMA momentum over visits (None: the latest group).
         val_max_new_tokens: greedy generation budget on held-out queries.
+        permute_rewards: a control without learning signal: each group's rewards are randomly permuted
+            among its responses before the advantages (same reward statistics, same number of updates of
+            the same size, no relation between a response and its advantage). Logged rewards stay true.
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class RLTask(L.LightningModule):
         verifier_timeout_s: float = 10.0,
         wpsm_momentum: float | None = None,
         val_max_new_tokens: int = 24,
+        permute_rewards: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -156,6 +160,7 @@ class RLTask(L.LightningModule):
         self.router_replay, self.truncated = router_replay, truncated
         self.verifier_workers, self.verifier_timeout_s = verifier_workers, verifier_timeout_s
         self.val_max_new_tokens = val_max_new_tokens
+        self.permute_rewards = permute_rewards
         self.tracker = SuccessTracker(wpsm_momentum)
         self.hint_controller = HintController(hints)
         self.version = 0
@@ -255,7 +260,11 @@ class RLTask(L.LightningModule):
             r.hint_len = len(r.prompt_ids) - len(source.base_prompt_ids(r.query))
         self._verifier_errors = 0
         rewards = torch.tensor(self.score(flat)).view(len(groups), self.group_size)
-        advantages, zero_variance = group_advantages(rewards)
+        signal = rewards
+        if self.permute_rewards:  # the no-signal control: seeded by the step, so reruns repeat it
+            generator = torch.Generator().manual_seed(self.version)
+            signal = torch.stack([row[torch.randperm(len(row), generator=generator)] for row in rewards])
+        advantages, zero_variance = group_advantages(signal)
         accuracy = []
         for group in groups:
             tracked = self.tracker.update(group[0].query.id, [r.reward >= 1.0 for r in group])
