@@ -12,10 +12,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# The main job: a visual tokenizer, then the unified model on ShapesWorld text and images, then the
-# gallery of what it generates and understands (runs/demo/multimodal/gallery/gallery.md).
+# The main job: a visual tokenizer and an audio codec, then the unified model on ShapesWorld text, images
+# and speech, then the gallery of what it generates and understands (runs/demo/multimodal/gallery/gallery.md).
 demo: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/visual_tokenizer.yaml
+	$(BIN)/zoo fit --config configs/demo/audio_codec.yaml
 	$(BIN)/zoo fit --config configs/demo/multimodal.yaml
 
 test: $(STAMP)

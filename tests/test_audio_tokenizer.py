@@ -16,9 +16,12 @@ from zoo.datamodules.shapes_speech import render_speech
 from zoo.tasks.audio_tokenizer import (
     CODEC_FILE,
     AudioTokenizerTask,
+    MultiResolutionSTFTLoss,
+    MultiScaleMelLoss,
     codebook_usage,
     d_axis_distill_loss,
     si_snr,
+    spectrogram_figure,
     t_axis_distill_loss,
 )
 from zoo.tokenizers.audio import AudioCodec
@@ -117,6 +120,60 @@ def test_the_semantic_level_passes_gradients_to_the_encoder_for_distillation():
     assert torch.allclose(out.semantic[out.mask], vectors[out.mask], atol=1e-5)
 
 
+def test_level_one_alone_is_among_the_prefixes_quantiser_dropout_trains():
+    codec = tiny_codec()
+    codec.train()
+    kept = set()
+    for i in range(24):
+        out = codec(*tones(seed=i))
+        codes = out.codes[out.mask]
+        kept.add(int((codes >= 0).all(0).sum()))
+    assert kept == {1, 2, 3}, kept
+
+
+def test_quantiser_dropout_prob_sets_the_share_of_steps_that_drop_levels():
+    never = tiny_codec(quantize_dropout_prob=0.0)
+    never.train()
+    for i in range(6):
+        out = never(*tones(seed=i))
+        assert (out.codes[out.mask] >= 0).all()
+    assert never.quantizer.quantize_dropout  # the flag is restored after each forward
+    with pytest.raises(ValueError, match="quantize_dropout_prob"):
+        tiny_codec(quantize_dropout_prob=1.5)
+
+
+@pytest.mark.parametrize("strides", [(4, 4, 5, 8), (2, 4, 5, 8)])
+def test_stft_encoder_and_istft_decoder_keep_the_frame_layout_and_start_quiet(strides):
+    codec = tiny_codec(strides=strides, encoder="stft", decoder="istft", istft_hop=64, decoder_channels=16)
+    wave = tones()[0]
+    latents = codec._latents(wave)
+    assert latents.shape == (4, math.ceil(wave.shape[1] / codec.hop), 16)
+    assert latents.std(dim=(0, 1)).mean() > 0.3 * latents.abs().mean()  # frames differ: no collapse
+    codec = trained(codec)
+    codes = codec.encode(wave)
+    decoded = codec.decode(codes)
+    assert decoded.shape == (4, codes.shape[1] * codec.hop) and torch.isfinite(decoded).all()
+    assert decoded.pow(2).mean().sqrt() < 0.01  # starts near silence (speech is ~0.1), not at full scale
+
+
+def test_istft_decoder_passes_gradients_from_its_waveform_to_the_encoder():
+    codec = tiny_codec(encoder="stft", decoder="istft", istft_hop=64, decoder_channels=16)
+    codec.train()
+    out = codec(*tones())
+    out.reconstruction.pow(2).sum().backward()
+    for part in (codec.encoder.net[0], codec.decoder.head):
+        assert part.weight.grad is not None and part.weight.grad.abs().sum() > 0
+
+
+def test_new_codec_parts_refuse_bad_settings_by_name():
+    with pytest.raises(ValueError, match="decoder must be 'conv' or 'istft'"):
+        tiny_codec(decoder="wavenet")
+    with pytest.raises(ValueError, match="encoder must be 'conv' or 'stft'"):
+        tiny_codec(encoder="mel")
+    with pytest.raises(ValueError, match="istft_hop must divide the hop 640"):
+        tiny_codec(decoder="istft", istft_hop=100)
+
+
 def test_initial_latents_vary_from_frame_to_frame_so_the_codebooks_cannot_collapse_at_once():
     # With PyTorch's default init every frame's latent was nearly the same vector (std over frames 0.003,
     # magnitude 0.03), and one optimiser step put every frame on a single code.
@@ -172,6 +229,37 @@ def test_d_axis_loss_compares_each_dimension_along_time_and_ignores_padded_frame
     assert d_axis_distill_loss(torch.randn(2, 10, 6, generator=g), target, mask) > best + 0.1
 
 
+def test_stft_loss_is_zero_for_a_perfect_copy_and_grows_as_the_tone_goes_missing():
+    loss = MultiResolutionSTFTLoss((512, 128), top_db=60.0)
+    wave = tones()[0]
+    assert float(loss(wave, wave)) < 1e-4
+    ramp = torch.linspace(0, 1, wave.shape[1])
+    costs = [float(loss(wave * ramp**k, wave)) for k in (0.5, 1, 2, 4)]  # fading in later and later
+    assert costs == sorted(costs) and costs[0] > 0.05, costs
+    with pytest.raises(ValueError, match="fft_sizes"):
+        MultiResolutionSTFTLoss((4,))
+
+
+def test_a_top_db_floor_makes_spectral_losses_ignore_the_noise_floor_but_not_the_signal():
+    g = torch.Generator().manual_seed(0)
+    wave = tones()[0]
+    target = wave + 1e-4 * torch.randn(wave.shape, generator=g)
+    other_noise = wave + 1e-4 * torch.randn(wave.shape, generator=g)  # same tone, another noise draw
+    silent = 1e-4 * torch.randn(wave.shape, generator=g)
+    absolute = MultiScaleMelLoss(SR, (256, 512))
+    clipped = MultiScaleMelLoss(SR, (256, 512), top_db=40.0)
+    # with an absolute floor far below the noise, two draws of the same noise look far apart ...
+    assert float(absolute(other_noise, target)) > 5 * float(clipped(other_noise, target))
+    # ... with the floor 40 dB below the peak they do not, while a missing tone still costs a lot
+    assert float(clipped(silent, target)) > 10 * float(clipped(other_noise, target))
+    stft = MultiResolutionSTFTLoss((512,), top_db=40.0)
+    assert float(stft(silent, target)) > 10 * float(stft(other_noise, target))
+    with pytest.raises(ValueError, match="top_db"):
+        MultiScaleMelLoss(SR, (256,), top_db=0.0)
+    with pytest.raises(ValueError, match="n_mels"):
+        MultiScaleMelLoss(SR, (256, 512), n_mels=(16,))
+
+
 def test_si_snr_is_scale_invariant_and_falls_with_noise():
     wave = tones()[0]
     assert torch.all(si_snr(wave, wave) > 60)
@@ -183,6 +271,14 @@ def test_si_snr_is_scale_invariant_and_falls_with_noise():
     assert (
         si_snr(wave + 0.3 * torch.randn_like(wave), wave) < si_snr(wave + 0.03 * torch.randn_like(wave), wave)
     ).all()
+
+
+def test_the_spectrogram_figure_draws_a_near_silent_decode(tmp_path: Path):
+    # an untrained iSTFT decoder is ~60 dB below speech: the figure at the sanity check must not fail
+    wave = tones(batch=1)[0][0]
+    figure = spectrogram_figure(wave, {"1 level": 1e-6 * torch.randn_like(wave)}, SR)
+    figure.savefig(tmp_path / "spectrogram.png")
+    assert (tmp_path / "spectrogram.png").stat().st_size > 0
 
 
 def test_codebook_usage_counts_valid_frames_only():

@@ -3,11 +3,13 @@ level is semantic (ERNIE 5.0 audio tokenizer; SpeechTokenizer, Zhang et al. 2023
 
 A 16 kHz mono waveform `[B, N]` becomes `F = ceil(N / hop)` frames of `Q` codes `[B, F, Q]`, and any prefix
 of the levels decodes back to `[B, F * hop]` samples. The encoder is a SEANet-style stack (residual units,
-strided convolutions whose product is the hop: 640 samples = 25 Hz, 320 = 50 Hz), the decoder mirrors it
-with transposed convolutions. The quantiser is vector-quantize-pytorch's `ResidualVQ` (per-level codebook
-sizes, k-means initialisation, EMA codebooks with dead-code expiry, quantiser dropout that always keeps
-level 1). Level 1's vectors, with straight-through gradients, are returned as `semantic` so that a task can
-distil them toward a teacher (`zoo.tokenizers.audio_teacher`); the codec itself holds no teacher.
+strided convolutions whose product is the hop: 640 samples = 25 Hz, 320 = 50 Hz) or convolutions on the
+log-magnitude STFT; the decoder mirrors the encoder with transposed convolutions or, as in Vocos (Siuzdak
+2023), predicts an STFT's log-magnitude and phase and inverts it. The quantiser is vector-quantize-pytorch's
+`ResidualVQ` (per-level codebook sizes, k-means initialisation, EMA codebooks with dead-code expiry,
+quantiser dropout that always keeps level 1). Level 1's vectors, with straight-through gradients, are
+returned as `semantic` so that a task can distil them toward a teacher (`zoo.tokenizers.audio_teacher`);
+the codec itself holds no teacher.
 """
 
 from __future__ import annotations
@@ -103,6 +105,44 @@ class Encoder(nn.Module):
         return self.net(x)
 
 
+class STFTEncoder(nn.Module):
+    """Waveform `[B, 1, N]` (N a multiple of the hop) to latents `[B, latent_dim, N / hop]` from its log-
+    magnitude STFT (Hann window, n_fft = 4 stft_hop), the way spectrogram codecs encode (Langman et al.
+    2024, "Spectral Codecs"): residual units at the STFT's frame rate, one strided convolution down to the
+    codec's, residual units there. The frequency analysis a waveform encoder has to learn from scratch
+    (formants, pitch) is given; what remains is to compress it.
+    """
+
+    def __init__(
+        self, latent_dim: int, hop: int, stft_hop: int, width: int, dilations: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        if stft_hop < 1 or hop % stft_hop:
+            raise ValueError(f"AudioCodec: istft_hop must divide the hop {hop}, got {stft_hop}")
+        down, self.stft_hop, self.n_fft = hop // stft_hop, stft_hop, 4 * stft_hop
+        layers: list[nn.Module] = [nn.Conv1d(self.n_fft // 2 + 1, width, 3, padding=1)]
+        layers += [ResidualUnit(width, d) for d in dilations]
+        if down > 1:
+            layers += [
+                Activation(),
+                nn.Conv1d(width, width, 2 * down, stride=down, padding=math.ceil(down / 2)),
+            ]
+        layers += [ResidualUnit(width, d) for d in dilations]
+        layers += [Activation(), nn.Conv1d(width, latent_dim, 3, padding=1)]
+        self.net = nn.Sequential(*layers)
+        self.register_buffer("window", torch.hann_window(self.n_fft), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        wave = x.squeeze(1).float()
+        frames = wave.shape[-1] // self.stft_hop
+        spectrum = torch.stft(
+            wave, self.n_fft, self.stft_hop, window=self.window.float(), return_complex=True
+        )
+        # floor 1e-2: about ShapesWorld's noise floor (std 0.002) in this STFT; fainter detail is not speech
+        features = (spectrum.abs()[..., :frames] + 1e-2).log().to(x.dtype)
+        return self.net(features)
+
+
 class Decoder(nn.Module):
     """Latents `[B, latent_dim, F]` to waveform `[B, 1, F * hop]`; the encoder's mirror."""
 
@@ -132,6 +172,56 @@ class Decoder(nn.Module):
         return self.net(z)
 
 
+class ISTFTDecoder(nn.Module):
+    """Latents `[B, latent_dim, F]` to waveform `[B, 1, F * hop]` through an inverse STFT (Vocos, Siuzdak
+    2023, section 3; WavTokenizer's decoder).
+
+    Residual units at the frame rate, one transposed convolution up to the STFT's frame rate (x hop /
+    istft_hop), residual units there, then a 1x1 convolution to a log-magnitude and a phase per frequency
+    bin; the waveform is their inverse STFT (Hann window, n_fft = 4 istft_hop). The magnitude, where a word
+    lives, is predicted directly instead of being built up from samples by a stack of up-sampling
+    convolutions, and there is no full-rate layer, so the decoder is also faster.
+    """
+
+    def __init__(
+        self, latent_dim: int, hop: int, istft_hop: int, width: int, dilations: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        if istft_hop < 1 or hop % istft_hop:
+            raise ValueError(f"AudioCodec: istft_hop must divide the hop {hop}, got {istft_hop}")
+        up, self.istft_hop, self.n_fft = hop // istft_hop, istft_hop, 4 * istft_hop
+        layers: list[nn.Module] = [nn.Conv1d(latent_dim, width, 7, padding=3)]
+        layers += [ResidualUnit(width, d) for d in dilations]
+        if up > 1:
+            layers += [
+                Activation(),
+                nn.ConvTranspose1d(width, width, 2 * up, up, (up + 1) // 2, up % 2),
+            ]
+        layers += [ResidualUnit(width, d) for d in dilations]
+        layers += [Activation()]
+        self.net = nn.Sequential(*layers)
+        self.head = nn.Conv1d(width, 2 * (self.n_fft // 2 + 1), 1)
+        self.register_buffer("window", torch.hann_window(self.n_fft), persistent=False)
+
+    def forward(self, z: Tensor) -> Tensor:
+        h = self.head(self.net(z))  # [B, 2 * bins, T]
+        frames = h.shape[-1]
+        # T frames centred on multiples of istft_hop give (T - 1) istft_hop samples: one more (a copy of the
+        # last) makes exactly T istft_hop = F hop.
+        h = F.pad(h, (0, 1), mode="replicate")
+        log_magnitude, phase = h.float().chunk(2, dim=1)
+        spectrum = torch.polar(log_magnitude.clamp(max=8.0).exp(), phase)
+        wave = torch.istft(
+            spectrum,
+            self.n_fft,
+            self.istft_hop,
+            window=self.window.float(),
+            center=True,
+            length=frames * self.istft_hop,
+        )
+        return wave.to(z.dtype).unsqueeze(1)
+
+
 class AudioCodec(Configurable, nn.Module):
     """RVQ audio codec with a semantic first level: `encode` waveforms to codes, `decode` any level prefix.
 
@@ -155,7 +245,16 @@ class AudioCodec(Configurable, nn.Module):
         threshold_ema_dead_code: codes whose EMA usage falls below this are replaced by batch vectors.
         commitment_weight: weight of the commitment loss inside each level's loss.
         quantize_dropout: in training, drop all levels after a random one (>= level 1), so that every
-            prefix of the levels decodes (EnCodec/SoundStream); level 1 is always kept.
+            prefix of the levels decodes (EnCodec/SoundStream); level 1 is always kept, and decoding from
+            level 1 alone is one of the cases trained.
+        quantize_dropout_prob: share of training steps that apply quantiser dropout; the others train all
+            levels (DAC applies it to half of each batch: always dropping under-trains the full codec).
+        decoder: "conv" (the encoder's mirror: transposed convolutions up to the sample rate) or "istft"
+            (Vocos: predict an STFT's log-magnitude and phase, then invert it; `ISTFTDecoder`).
+        istft_hop: STFT hop of the "istft" decoder (n_fft = 4 istft_hop); must divide the hop.
+        decoder_channels: width of the "istft" decoder and the "stft" encoder (None: max_channels).
+        encoder: "conv" (SEANet: strided convolutions on the waveform) or "stft" (convolutions on the log-
+            magnitude STFT with hop `istft_hop`; `STFTEncoder`).
         weights: optional safetensors file (or folder with model.safetensors) loaded after construction.
     """
 
@@ -178,6 +277,11 @@ class AudioCodec(Configurable, nn.Module):
         threshold_ema_dead_code: float = 2.0,
         commitment_weight: float = 1.0,
         quantize_dropout: bool = True,
+        quantize_dropout_prob: float = 1.0,
+        decoder: str = "conv",
+        istft_hop: int = 128,
+        decoder_channels: int | None = None,
+        encoder: str = "conv",
         weights: str | None = None,
     ) -> None:
         super().__init__()
@@ -201,8 +305,20 @@ class AudioCodec(Configurable, nn.Module):
         self.latent_dim = latent_dim
         self.codebook_dim = codebook_dim or latent_dim
         dilations = tuple(dilations)
-        self.encoder = Encoder(strides, channels, max_channels, latent_dim, dilations)
-        self.decoder = Decoder(strides, channels, max_channels, latent_dim, dilations)
+        if encoder == "conv":
+            self.encoder = Encoder(strides, channels, max_channels, latent_dim, dilations)
+        elif encoder == "stft":
+            width = decoder_channels or max_channels
+            self.encoder = STFTEncoder(latent_dim, self.hop, istft_hop, width, dilations)
+        else:
+            raise ValueError(f"AudioCodec: encoder must be 'conv' or 'stft', got {encoder!r}")
+        if decoder == "conv":
+            self.decoder = Decoder(strides, channels, max_channels, latent_dim, dilations)
+        elif decoder == "istft":
+            width = decoder_channels or max_channels
+            self.decoder = ISTFTDecoder(latent_dim, self.hop, istft_hop, width, dilations)
+        else:
+            raise ValueError(f"AudioCodec: decoder must be 'conv' or 'istft', got {decoder!r}")
         self.quantizer = ResidualVQ(
             dim=latent_dim,
             codebook_size=codebook_sizes,
@@ -214,8 +330,15 @@ class AudioCodec(Configurable, nn.Module):
             threshold_ema_dead_code=threshold_ema_dead_code,
             commitment_weight=commitment_weight,
             quantize_dropout=quantize_dropout,
-            quantize_dropout_cutoff_index=1,  # the semantic level is never dropped
+            # levels after a random index in [0, Q - 1] are dropped: level 1 (index 0) always stays. (Index 1
+            # here, the first version, never trained the decoder on level 1 alone.)
+            quantize_dropout_cutoff_index=0,
         )
+        if not 0.0 <= quantize_dropout_prob <= 1.0:
+            raise ValueError(
+                f"AudioCodec: quantize_dropout_prob must be in [0, 1], got {quantize_dropout_prob}"
+            )
+        self.quantize_dropout_prob = quantize_dropout_prob
         self._init_weights()
         if weights is not None:
             load_weights_file(self, weights, what="AudioCodec weights")
@@ -231,7 +354,15 @@ class AudioCodec(Configurable, nn.Module):
                 nn.init.kaiming_normal_(module.weight, a=0.1, mode=fan, nonlinearity="leaky_relu")
                 nn.init.zeros_(module.bias)
         with torch.no_grad():  # start quiet: speech is ~0.1 in amplitude
-            self.decoder.net[-1].weight.mul_(0.1)
+            if isinstance(self.decoder, ISTFTDecoder):
+                # magnitudes of white noise of std 1e-3 (|X| ~ std sqrt(3 n_fft / 8) under a Hann window):
+                # about ShapesWorld's faint noise floor, not a tone
+                head, bins = self.decoder.head, self.decoder.head.out_channels // 2
+                head.weight.mul_(0.1)
+                head.weight[:bins].mul_(0.1)
+                head.bias[:bins].fill_(math.log(1e-3 * math.sqrt(3 * self.decoder.n_fft / 8)))
+            else:
+                self.decoder.net[-1].weight.mul_(0.1)
 
     def bits_per_second(self, levels: int | None = None) -> float:
         """Bitrate of the first `levels` levels (None: all): frame_rate * sum of log2(codebook size)."""
@@ -265,7 +396,13 @@ class AudioCodec(Configurable, nn.Module):
         self._check_wave(wave)
         latents = self._latents(wave)
         mask = None if lengths is None else self.frame_mask(lengths.to(wave.device), latents.shape[1])
-        quantized, codes, commit, all_codes = self.quantizer(latents, mask=mask, return_all_codes=True)
+        dropout = self.quantizer.quantize_dropout
+        if dropout and self.training and self.quantize_dropout_prob < 1.0:
+            self.quantizer.quantize_dropout = bool(torch.rand(()) < self.quantize_dropout_prob)
+        try:
+            quantized, codes, commit, all_codes = self.quantizer(latents, mask=mask, return_all_codes=True)
+        finally:
+            self.quantizer.quantize_dropout = dropout
         # ResidualVQ rebuilds all_codes from the indices (no gradient to the encoder); level 1's input is the
         # projected latent itself, so a straight-through estimator gives the distillation its gradient.
         level1_in = self.quantizer.project_in(latents)
