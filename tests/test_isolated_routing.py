@@ -21,8 +21,17 @@ POOLS = ModalityPools(text=TEXT_POOL, image=VISION_POOL, video=VISION_POOL, audi
 def small_model(seed: int = 0, modality_pools: ModalityPools | None = None):
     torch.manual_seed(seed)
     return create_model(
-        "tiny", dim=64, n_layers=3, n_heads=4, n_kv_heads=2, n_dense_layers=1, n_experts=N_EXPERTS,
-        expert_hidden=32, top_k=TOP_K, max_seq_len=64, modality_pools=modality_pools,
+        "tiny",
+        dim=64,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        n_dense_layers=1,
+        n_experts=N_EXPERTS,
+        expert_hidden=32,
+        top_k=TOP_K,
+        max_seq_len=64,
+        modality_pools=modality_pools,
     ).eval()
 
 
@@ -115,8 +124,16 @@ def test_a_text_only_batch_gives_the_vision_pool_no_gradient_while_shared_expert
 
 def test_partitions_that_do_not_fit_n_experts_are_refused_with_the_reason():
     def build(pools: ModalityPools, top_k: int = TOP_K) -> None:
-        UnifiedTransformer(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=N_EXPERTS, top_k=top_k,
-                           expert_hidden=16, modality_pools=pools)
+        UnifiedTransformer(
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            n_kv_heads=1,
+            n_experts=N_EXPERTS,
+            top_k=top_k,
+            expert_hidden=16,
+            modality_pools=pools,
+        )
 
     with pytest.raises(ValueError, match=r"experts \[6, 7\] in no pool"):
         build(ModalityPools(text=(0, 1, 2), image=(3, 4, 5)))

@@ -10,6 +10,7 @@ an audio codec, context images with a vision encoder), records the router's choi
     routing.json            counts, shares, NE per layer and modality, top experts, IoU per layer and pair
     routing_heatmap.png     layers x experts per modality, NE per layer on the rows
     routing_iou.png         IoU of the modalities' top-25% experts per layer
+    routing_tokens.safetensors   with --save_tokens: every token's modality and chosen experts per layer
 
     zoo analyze --checkpoint runs/demo/multimodal/checkpoints/last.ckpt --out runs/demo/analysis --batches 8
     zoo analyze --checkpoint CKPT --out DIR --config configs/pretrain/shapes_image.yaml   # that config's data
@@ -34,6 +35,7 @@ from zoo.analysis.routing import TOP_FRACTION, RoutingRecorder
 JSON_NAME = "routing.json"
 HEATMAP_NAME = "routing_heatmap.png"
 IOU_NAME = "routing_iou.png"
+TOKENS_NAME = "routing_tokens.safetensors"
 
 
 def default_datamodule(model: Any, tokenizer: Any, batch_size: int = 16, seed: int = 0) -> Any:
@@ -113,9 +115,10 @@ def analyze_checkpoint(
     batch_size: int = 16,
     fraction: float = TOP_FRACTION,
     progress: bool = True,
+    save_tokens: bool = False,
 ) -> dict[str, Any]:
     """Run the routing analysis of `checkpoint` over `batches` batches of `split`; write the JSON and the
-    PNGs into `out` and return the JSON's content."""
+    PNGs into `out` (and each token's choices with `save_tokens`) and return the JSON's content."""
     from zoo.hub import load_lightning_checkpoint
 
     if batches < 1:
@@ -127,6 +130,12 @@ def analyze_checkpoint(
         data = datamodule_from_config(config)
         if getattr(data, "tokenizer", None) is None and tokenizer is not None:
             data.tokenizer = tokenizer  # decode and encode with the tokenizer the model was trained with
+        vocab = getattr(data, "vocab", None)
+        if vocab is not None and vocab != model.vocab:
+            raise ValueError(
+                f"{', '.join(map(str, config))}: the data's vocabulary {vocab} differs from the checkpoint "
+                f"model's {model.vocab}"
+            )
     else:
         if tokenizer is None:
             raise ValueError(
@@ -135,7 +144,7 @@ def analyze_checkpoint(
         data = default_datamodule(model, tokenizer, batch_size)
     data.setup("validate")
     loader = data.val_dataloader() if split == "val" else data.test_dataloader()
-    recorder = RoutingRecorder(model)
+    recorder = RoutingRecorder(model, keep_tokens=save_tokens)
     total = min(batches, len(loader))
     for i, batch in enumerate(_progress(loader, total, progress)):
         if i >= total:
@@ -147,6 +156,7 @@ def analyze_checkpoint(
         "split": split,
         "batches": total,
         "loss": sum(recorder.losses) / len(recorder.losses),
+        "head_losses": {k: sum(v) / len(v) for k, v in recorder.head_losses.items()},
         "modality_pools": _pools(model),
         **counts.summary(fraction),
     }
@@ -156,6 +166,10 @@ def analyze_checkpoint(
     name = Path(checkpoint).name
     save(heatmap_figure(counts, f"Expert activation by modality, {name}"), out / HEATMAP_NAME)
     save(iou_figure(counts, fraction, f"IoU of top-{fraction:.0%} experts by load, {name}"), out / IOU_NAME)
+    if save_tokens:
+        from safetensors.torch import save_file
+
+        save_file(recorder.tokens(), out / TOKENS_NAME)
     return result
 
 
@@ -178,7 +192,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     """The short stdout summary: tokens per modality, mean NE, mean IoU per pair, isolation if any."""
     lines = [
         f"routing analysis of {result['checkpoint']}: {result['batches']} {result['split']} batches, "
-        f"MoE layers {result['layers']}, {result['n_experts']} experts, mean loss {result['loss']:.3f}",
+        f"MoE layers {result['layers']}, {result['n_experts']} experts, mean loss {result['loss']:.3f} ("
+        + ", ".join(f"{k} {v:.3f}" for k, v in result["head_losses"].items())
+        + ")",
         "tokens: " + ", ".join(f"{k} {v:,}" for k, v in result["tokens"].items()),
         "normalised entropy (mean over layers): "
         + ", ".join(f"{k} {_fmt(v)}" for k, v in result["normalised_entropy_mean"].items()),
@@ -186,11 +202,21 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if result["iou_mean"]:
         lines.append(
             f"IoU of top-{result['top_fraction']:.0%} experts (mean over layers): "
-            + ", ".join(f"{k} {_fmt(v)}" for k, v in result["iou_mean"].items())
+            + ", ".join(
+                f"{k} {_fmt(v)} (chance {_fmt(_mean(result['iou_chance'][k]))})"
+                for k, v in result["iou_mean"].items()
+            )
         )
     if result.get("modality_pools"):
-        lines.append("modality-isolated routing: disjoint pools give IoU 0 between text and the other modalities")
+        lines.append(
+            "modality-isolated routing: disjoint pools give IoU 0 between text and the other modalities"
+        )
     return lines
+
+
+def _mean(values: list[float | None]) -> float:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else math.nan
 
 
 def _fmt(value: float | None) -> str:
@@ -204,22 +230,40 @@ def analyze_main(argv: list[str]) -> None:
     parser.add_argument("--checkpoint", required=True, help="a Lightning checkpoint of UnifiedPretraining")
     parser.add_argument("--out", required=True, help="directory for routing.json and the PNG figures")
     parser.add_argument("--batches", type=int, default=8, help="validation batches to run (default 8)")
-    parser.add_argument("--config", action="append", default=[], help="take the data section of this config "
-                        "(repeat for overlays); default: ShapesWorld in every task the checkpoint allows")
-    parser.add_argument("--split", choices=("val", "test"), default="val", help="val, or test (held-out pairs)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="take the data section of this config "
+        "(repeat for overlays); default: ShapesWorld in every task the checkpoint allows",
+    )
+    parser.add_argument(
+        "--split", choices=("val", "test"), default="val", help="val, or test (held-out pairs)"
+    )
     parser.add_argument("--batch_size", type=int, default=16, help="documents per batch (default data only)")
     parser.add_argument("--top_fraction", type=float, default=TOP_FRACTION, help="top experts for the IoU")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--save_tokens", action="store_true", help=f"also write every token's choices ({TOKENS_NAME})"
+    )
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     result = analyze_checkpoint(
-        args.checkpoint, args.out, args.batches, args.config, args.split, args.batch_size, args.top_fraction,
+        args.checkpoint,
+        args.out,
+        args.batches,
+        args.config,
+        args.split,
+        args.batch_size,
+        args.top_fraction,
         progress=not args.no_progress,
+        save_tokens=args.save_tokens,
     )
     for line in summary_lines(result):
         print(line)
     out = Path(args.out)
-    print(f"wrote {out / JSON_NAME}, {out / HEATMAP_NAME}, {out / IOU_NAME}")
+    written = [JSON_NAME, HEATMAP_NAME, IOU_NAME, *([TOKENS_NAME] if args.save_tokens else [])]
+    print("wrote " + ", ".join(str(out / name) for name in written))
 
 
 if __name__ == "__main__":

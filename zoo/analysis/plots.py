@@ -37,14 +37,15 @@ def heatmap_figure(counts: RoutingCounts, title: str = "Expert activation by mod
         ax.set_xlabel("expert", fontsize=8)
         ax.set_yticks(range(len(counts.layers)))
         ax.set_yticklabels(
-            [f"L{layer} NE {ne:.2f}" for layer, ne in zip(counts.layers, entropy[name], strict=True)], fontsize=7
+            [f"L{layer} NE {ne:.2f}" for layer, ne in zip(counts.layers, entropy[name], strict=True)],
+            fontsize=7,
         )
         step = 1 if counts.n_experts <= 16 else max(1, counts.n_experts // 8)
         ax.set_xticks(range(0, counts.n_experts, step))
         ax.tick_params(axis="x", labelsize=7)
     fig.colorbar(image, ax=axes[0].tolist(), fraction=0.025, pad=0.02, label="share of assignments")
     ne_all = " ".join(f"{v:.2f}" for v in entropy["all"])
-    fig.suptitle(f"{title}; NE of all tokens per layer: {ne_all}", fontsize=9)
+    fig.suptitle(f"{title}\nNE of all tokens per layer: {ne_all}", fontsize=9, y=1.12)
     return fig
 
 
@@ -52,7 +53,7 @@ def iou_figure(counts: RoutingCounts, fraction: float = TOP_FRACTION, title: str
     """Pairs of modalities x layers, each cell the IoU of the two modalities' top experts by load."""
     ious = counts.iou(fraction)
     pairs = list(ious)
-    fig, ax = plt.subplots(figsize=(1.0 * len(counts.layers) + 2.6, 0.45 * max(len(pairs), 1) + 1.4))
+    fig, ax = plt.subplots(figsize=(1.1 * len(counts.layers) + 2.6, 0.7 * max(len(pairs), 1) + 1.4))
     title = title or f"IoU of top-{fraction:.0%} experts by load"
     if not pairs:
         ax.text(0.5, 0.5, "one modality only: no pair to compare", ha="center", va="center")
@@ -60,11 +61,15 @@ def iou_figure(counts: RoutingCounts, fraction: float = TOP_FRACTION, title: str
         ax.set_title(title, fontsize=9)
         return fig
     grid = [[(math.nan if v is None else v) for v in ious[p]] for p in pairs]
+    chance = counts.iou_chance(fraction)
     ax.imshow(grid, aspect="auto", cmap="magma", vmin=0.0, vmax=1.0, interpolation="nearest")
     for r, row in enumerate(grid):
         for c, value in enumerate(row):
-            text = "n/a" if math.isnan(value) else f"{value:.2f}"
-            ax.text(c, r, text, ha="center", va="center", fontsize=8, color="white" if value < 0.6 else "black")
+            base = chance[pairs[r]][c]
+            text = "n/a" if math.isnan(value) else f"{value:.2f}\n(chance {base:.2f})"
+            ax.text(
+                c, r, text, ha="center", va="center", fontsize=8, color="white" if value < 0.6 else "black"
+            )
     ax.set_xticks(range(len(counts.layers)))
     ax.set_xticklabels([f"L{layer}" for layer in counts.layers], fontsize=8)
     ax.set_yticks(range(len(pairs)))

@@ -74,6 +74,21 @@ def iou(a: set[int], b: set[int]) -> float:
     return len(a & b) / len(union) if union else math.nan
 
 
+def chance_iou(n_experts: int, size_a: int, size_b: int) -> float:
+    """The expected IoU of two independent uniformly random expert sets of these sizes (hypergeometric
+    overlap): the level a top-expert IoU is compared with. 16 experts, 4 and 4: 0.158."""
+    if not (0 <= size_a <= n_experts and 0 <= size_b <= n_experts):
+        raise ValueError(f"set sizes {size_a}, {size_b} must lie in 0..n_experts={n_experts}")
+    if size_a + size_b == 0:
+        return math.nan
+    total = math.comb(n_experts, size_b)
+    expected = 0.0
+    for i in range(max(0, size_a + size_b - n_experts), min(size_a, size_b) + 1):
+        p = math.comb(size_a, i) * math.comb(n_experts - size_a, size_b - i) / total
+        expected += p * i / (size_a + size_b - i)
+    return expected
+
+
 @dataclass
 class RoutingCounts:
     """Token-assignments per (MoE layer, modality, expert), summed over the tokens seen.
@@ -103,7 +118,8 @@ class RoutingCounts:
         """Count one routing call: `indices` [N, k] chosen experts of N tokens whose modality is [N]."""
         if indices.dim() != 2 or modality.shape != indices.shape[:1]:
             raise ValueError(
-                f"indices {tuple(indices.shape)} and modality {tuple(modality.shape)}: expected [N, k] and [N]"
+                f"indices {tuple(indices.shape)} and modality {tuple(modality.shape)}: "
+                "expected [N, k] and [N]"
             )
         if layer not in self.layers:
             raise ValueError(f"layer {layer} is not one of the MoE layers {self.layers}")
@@ -170,6 +186,17 @@ class RoutingCounts:
             ]
         return out
 
+    def iou_chance(self, fraction: float = TOP_FRACTION) -> dict[str, list[float]]:
+        """Per pair, per layer: `chance_iou` for the sizes of the two top sets actually compared."""
+        top = self.top_sets(fraction)
+        out = {}
+        for a, b in itertools.combinations(self.modalities(), 2):
+            na, nb = a.name.lower(), b.name.lower()
+            out[f"{na}-{nb}"] = [
+                chance_iou(self.n_experts, len(sa), len(sb)) for sa, sb in zip(top[na], top[nb], strict=True)
+            ]
+        return out
+
     def summary(self, fraction: float = TOP_FRACTION) -> dict[str, object]:
         """Everything as plain JSON-able values (NaN becomes None)."""
         return _json_safe(
@@ -185,6 +212,7 @@ class RoutingCounts:
                 "top_experts": self.top_sets(fraction),
                 "iou": self.iou(fraction),
                 "iou_mean": {k: _nanmean(v) for k, v in self.iou(fraction).items()},
+                "iou_chance": self.iou_chance(fraction),
             }
         )
 
@@ -233,13 +261,20 @@ class RoutingRecorder:
         for batch in batches:
             recorder.record(batch)
         recorder.counts.summary()
+
+    Args:
+        model: a `UnifiedModel`.
+        keep_tokens: also keep every routed token's choices (`tokens()`), not only the counts.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, keep_tokens: bool = False) -> None:
         self.model = model
         layers, n_experts = moe_layers(model)
         self.counts = RoutingCounts(layers, n_experts)
         self.losses: list[float] = []
+        self.head_losses: dict[str, list[float]] = {}
+        self.keep_tokens = keep_tokens
+        self._tokens: dict[str, list[Tensor]] = {}
 
     @torch.no_grad()
     def record(self, batch: GroupBatch) -> None:
@@ -253,3 +288,15 @@ class RoutingRecorder:
             self.model.train(was_training)
         self.counts.add_output(out.backbone, batch)
         self.losses.append(float(out.loss))
+        for name, head in out.heads.items():
+            self.head_losses.setdefault(name, []).append(float(head.loss))
+        if self.keep_tokens:
+            self._tokens.setdefault("modality", []).append(batch.modality[batch.valid].cpu())
+            for layer, r in out.backbone.router:
+                self._tokens.setdefault(f"layer{layer}", []).append(r.indices.cpu())
+
+    def tokens(self) -> dict[str, Tensor]:
+        """Per routed token, in order: `modality` [N] and `layer<i>` [N, k] chosen experts per MoE layer."""
+        if not self.keep_tokens:
+            raise ValueError("RoutingRecorder(keep_tokens=False) kept only counts: pass keep_tokens=True")
+        return {k: torch.cat(v).contiguous() for k, v in self._tokens.items()}

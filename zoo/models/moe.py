@@ -108,7 +108,9 @@ class ModalityPools:
                 raise ValueError(f"modality_pools: pool {list(pool)} repeats an expert")
             bad = [e for e in pool if not 0 <= e < n_experts]
             if bad:
-                raise ValueError(f"modality_pools: experts {bad} out of range: expected ids in [0, {n_experts})")
+                raise ValueError(
+                    f"modality_pools: experts {bad} out of range: expected ids in [0, {n_experts})"
+                )
             if len(pool) < top_k:
                 raise ValueError(
                     f"modality_pools: pool {list(pool)} has {len(pool)} experts, fewer than top_k={top_k}"
@@ -315,10 +317,9 @@ class Router(nn.Module):
             raise ValueError(f"forced_indices out of range: expected expert ids in [0, {self.n_experts})")
         if k > 1 and bool((forced.sort(dim=-1).values.diff(dim=-1) == 0).any()):
             raise ValueError("forced_indices repeats an expert within a token: expected k distinct experts")
-        allowed = None if expert_mask is None else (
-            expert_mask[forced] if expert_mask.dim() == 1 else expert_mask.gather(1, forced)
-        )
-        if allowed is not None and not bool(allowed.all()):
+        if expert_mask is not None:
+            allowed = expert_mask[forced] if expert_mask.dim() == 1 else expert_mask.gather(1, forced)
+        if expert_mask is not None and not bool(allowed.all()):
             raise ValueError("forced_indices selects an expert that expert_mask drops")
         return k
 
