@@ -153,8 +153,9 @@ def world_samples_figure(path: Path) -> None:
 
 
 def demo_gallery_figure(gallery: Path, path: Path) -> None:
-    """Six images the demo drew for val captions and six captions it wrote for val images, with the
-    verifiers' verdicts, from the gallery `make demo` writes (skipped when there is none)."""
+    """Images the demo drew and speech it said for val captions (as spectrograms), and captions it wrote
+    for val images, with the verifiers' verdicts, from the gallery `make demo` writes (skipped when there
+    is none)."""
     import re
 
     page = gallery / "gallery.md"
@@ -163,25 +164,33 @@ def demo_gallery_figure(gallery: Path, path: Path) -> None:
         return
     rows = [line for line in page.read_text().splitlines() if line.startswith("| ") and "png" in line]
     drawn = [r for r in rows if "text_to_image_" in r][:6]
+    spoken = [r for r in rows if "text_to_audio_" in r][:6]
     written = [r for r in rows if "image_to_text_" in r][:6]
+    panels = [p for p in (drawn, spoken, written) if p]
 
     def wrap(text: str) -> str:
         return text.replace(" and ", "\nand ").replace(" at the", "\nat the").replace(" in the", "\nin the")
 
-    fig, axes = plt.subplots(2, 6, figsize=(12, 7.6), dpi=90)
-    for ax, row in zip(axes[0], drawn, strict=False):
-        prompt, image, verdict = (c.strip() for c in row.strip("|").split("|"))
-        ax.imshow(Image.open(gallery / re.search(r"\((.*?\.png)\)", image).group(1)))
-        ax.set_title(f"{wrap(prompt)}\n{verdict}", fontsize=6)
-    for ax, row in zip(axes[1], written, strict=False):
-        image, caption, verdict = (c.strip() for c in row.strip("|").split("|"))
-        ax.imshow(Image.open(gallery / re.search(r"\((.*?\.png)\)", image).group(1)))
-        ax.set_title(f"model: {wrap(caption)}\n{verdict.split(' (truth')[0]}", fontsize=6)
+    def picture(cell: str) -> Image.Image:
+        return Image.open(gallery / re.search(r"\((\w+\.png)\)", cell).group(1))
+
+    fig, axes = plt.subplots(len(panels), 6, figsize=(12, 3.8 * len(panels)), dpi=90, squeeze=False)
+    for axes_row, panel in zip(axes, panels, strict=True):
+        for ax, row in zip(axes_row, panel, strict=False):
+            first, second, verdict = (c.strip() for c in row.strip("|").split("|"))
+            if panel is written:
+                ax.imshow(picture(first))
+                ax.set_title(f"model: {wrap(second)}\n{verdict.split(' (truth')[0]}", fontsize=6)
+            else:
+                ax.imshow(picture(second), aspect="auto" if panel is spoken else "equal")
+                ax.set_title(f"{wrap(first)}\n{verdict}", fontsize=6)
     for ax in axes.flat:
         ax.axis("off")
+    what = ["images drawn for val captions"]
+    what += ["speech said for val captions (spectrograms)"] if spoken else []
     fig.suptitle(
-        "make demo: top, images drawn for val captions; bottom, captions written for val images\n"
-        "(verifier verdicts from pixels and from the parsed caption)",
+        f"make demo, rows: {'; '.join(what)}; captions written for val images\n"
+        "(verifier verdicts from pixels, from audio and from the parsed caption)",
         fontsize=8,
     )
     fig.tight_layout()

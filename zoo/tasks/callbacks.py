@@ -188,6 +188,11 @@ class MultimodalGallery(L.Callback):
             )
         console = Console()
         console.print(table)
+        if "text_to_audio/word_accuracy" in m:
+            console.print(
+                f"text_to_audio: caption words read back in place {m['text_to_audio/word_accuracy']:.2f} "
+                f"(random codes {m['text_to_audio/baseline_word_accuracy']:.2f})"
+            )
         console.print(f"gallery written to {page}")
         for logger in trainer.loggers:
             logger.log_metrics({f"gallery/{k}": v for k, v in m.items()}, step=trainer.global_step)

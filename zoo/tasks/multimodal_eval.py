@@ -8,7 +8,8 @@ the same way on the same scenes:
                                     baseline: random codes, decoded
     image_to_text / video_to_text   exact match of the generated caption (verify_caption);
     audio_to_text                   baseline: the most frequent training caption
-    text_to_audio                   verify_speech of the decoded generation; baseline: random codes
+    text_to_audio                   verify_speech of the decoded generation, and the share of the caption's
+                                    words read back in place (word_accuracy); baseline: random codes
 
 `write_gallery` saves every sample (PNG, GIF, WAV) with a Markdown page that shows each beside its
 prompt and verifier score.
@@ -28,7 +29,7 @@ from zoo.datamodules.media import save_gif, save_png, save_spectrogram_png, save
 from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.datamodules.shapes_render import verify_image, verify_video
-from zoo.datamodules.shapes_speech import SAMPLE_RATE, verify_speech
+from zoo.datamodules.shapes_speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
 from zoo.models.unified import UnifiedModel
@@ -154,6 +155,11 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
         f"{task}/baseline_exact": _mean(base, "exact"),
         f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
     })
+    if task == "text_to_audio":  # partial credit: the right words in a caption that does not parse
+        said = [world.caption(s) for s in scenes]
+        for key, waves in (("word_accuracy", media), ("baseline_word_accuracy", baseline)):
+            heard = [read_speech(w, SAMPLE_RATE) for w in waves]
+            result.metrics[f"{task}/{key}"] = sum(map(word_accuracy, said, heard)) / max(len(said), 1)
 
 
 def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_tokens,
@@ -279,6 +285,9 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
             f"exact {m[f'{task}/baseline_exact']:.2f}, "
             f"attributes {m[f'{task}/baseline_attribute_accuracy']:.2f}"
         )
+        if f"{task}/word_accuracy" in m:
+            model_cell += f", words {m[f'{task}/word_accuracy']:.2f}"
+            base_cell += f", words {m[f'{task}/baseline_word_accuracy']:.2f}"
         lines.append(f"| {task} | {model_cell} | {base_cell} |")
     for task in tasks:
         lines += ["", f"## {task}", "", "| prompt | output | verifier |", "|---|---|---|"]
