@@ -174,7 +174,11 @@ def demo_gallery_figure(gallery: Path, path: Path) -> None:
     def picture(cell: str) -> Image.Image:
         return Image.open(gallery / re.search(r"\((\w+\.png)\)", cell).group(1))
 
-    fig, axes = plt.subplots(len(panels), 6, figsize=(12, 3.8 * len(panels)), dpi=90, squeeze=False)
+    heights = [0.55 if p is spoken else 1.0 for p in panels]  # spectrograms are wide: a lower row
+    fig, axes = plt.subplots(
+        len(panels), 6, figsize=(12, 3.6 * sum(heights) + 0.6), dpi=80, squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for axes_row, panel in zip(axes, panels, strict=True):
         for ax, row in zip(axes_row, panel, strict=False):
             first, second, verdict = (c.strip() for c in row.strip("|").split("|"))
