@@ -55,6 +55,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: the config's)")
     p.add_argument("--batch-size", type=int, default=None, help="queries per RL step (default: config's)")
     p.add_argument("--kl-coef", type=float, default=None, help="k3 KL to the warm start (default: config's)")
+    p.add_argument(
+        "--frozen", default="", help="comma list of parameter-name prefixes kept fixed in RL (text_embed,...)"
+    )
     p.add_argument("--eval-prompts", type=int, default=None, help="distinct held-out prompts (default 512)")
     p.add_argument("--eval-samples", type=int, default=4, help="samples per prompt at temperature 1")
     p.add_argument("--seed", type=int, default=0, help="seed of the RL runs (the warm start uses 0)")
@@ -143,6 +146,8 @@ def rl_run(args: argparse.Namespace, warm: Path, arm: str, out: Path) -> tuple[o
         model_args["lr"] = args.lr
     if args.batch_size is not None:
         model_args["batch_size"] = args.batch_size
+    if args.frozen:
+        model_args["frozen"] = [f.strip() for f in args.frozen.split(",") if f.strip()]
     overlay = {
         "seed_everything": args.seed,
         "trainer": {
@@ -330,6 +335,7 @@ def main() -> None:
         "rl_config": str(RL_CONFIG.relative_to(REPO)),
         "lr": args.lr,
         "kl_coef": args.kl_coef,
+        "frozen": args.frozen or None,
         "seed": args.seed,
         "start": summary(base, None),
         "start_per_difficulty": {

@@ -188,12 +188,32 @@ def test_init_from_a_pretraining_checkpoint_loads_its_weights_and_tokenizer(tmp_
         RLTask(create_model("tiny", **TINY), init_from=str(tmp_path / "weights.bin"))
 
 
+def test_frozen_parameters_stay_fixed_under_rl_steps_while_the_others_move(warm_state, tmp_path: Path):
+    torch.manual_seed(1)
+    model = warm_model(warm_state)
+    data = make_data(model)
+    data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
+    task = RLTask(
+        model, rollout=RolloutConfig(max_new_tokens=4), batch_size=4, group_size=8, lr=1e-3,
+        frozen=("text_embed", "text_head.output"),
+    )  # fmt: skip
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fit(task, data, tmp_path, steps=2, limit_val_batches=0)
+    moved = changed(model, before)
+    assert moved, "two RL steps left every weight unchanged"
+    assert not [k for k in moved if k.startswith(("text_embed.", "text_head.output."))], moved
+    trainable = {id(p) for group in task.optimizers().optimizer.param_groups for p in group["params"]}
+    assert id(model.text_embed.weight) not in trainable and id(model.text_head.output.weight) not in trainable
+
+
 def test_bad_rl_arguments_are_refused_by_name():
     model = create_model("tiny", **TINY)
     with pytest.raises(ValueError, match="group_size"):
         RLTask(model, group_size=0)
     with pytest.raises(ValueError, match="truncated"):
         RLTask(model, truncated="drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="frozen: 'text_embedding'"):
+        RLTask(model, frozen=("text_embedding",))  # a prefix of no parameter name (text_embed is)
 
 
 @pytest.mark.parametrize("path", RL_CONFIGS, ids=lambda p: p.stem)

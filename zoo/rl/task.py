@@ -103,6 +103,10 @@ class RLTask(L.LightningModule):
         permute_rewards: a control without learning signal: each group's rewards are randomly permuted
             among its responses before the advantages (same reward statistics, same number of updates of
             the same size, no relation between a response and its advantage). Logged rewards stay true.
+        frozen: prefixes of the policy's parameter names (as `model.named_parameters()` spells them, e.g.
+            "text_embed", "text_head.output") kept fixed during RL: no gradient, not in the optimizer.
+            Each prefix must name at least one parameter. Why: the policy gradient of the tiny model is
+            largest, and noisiest, in the input embedding (docs/rl.md).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class RLTask(L.LightningModule):
         wpsm_momentum: float | None = None,
         val_max_new_tokens: int = 24,
         permute_rewards: bool = False,
+        frozen: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -161,6 +166,8 @@ class RLTask(L.LightningModule):
         self.verifier_workers, self.verifier_timeout_s = verifier_workers, verifier_timeout_s
         self.val_max_new_tokens = val_max_new_tokens
         self.permute_rewards = permute_rewards
+        self.frozen = tuple(frozen)
+        self._freeze(self.frozen)
         self.tracker = SuccessTracker(wpsm_momentum)
         self.hint_controller = HintController(hints)
         self.version = 0
@@ -173,6 +180,20 @@ class RLTask(L.LightningModule):
         self._reference: list[UnifiedModel] = []
         if loss.kl_coef > 0:
             self._reference.append(copy.deepcopy(model).eval().requires_grad_(False))
+
+    def _freeze(self, prefixes: tuple[str, ...]) -> None:
+        names = [n for n, _ in self.model.named_parameters()]
+        for prefix in prefixes:
+            hits = [n for n in names if n == prefix or n.startswith(prefix + ".")]
+            if not hits:
+                roots = sorted({n.split(".")[0] for n in names})
+                raise ValueError(
+                    f"frozen: {prefix!r} names no parameter of the model (expected a prefix of "
+                    f"model.named_parameters(), e.g. one of {roots})"
+                )
+            for name, p in self.model.named_parameters():
+                if name in hits:
+                    p.requires_grad_(False)
 
     # -- wiring ----------------------------------------------------------------------------------------
     @property
