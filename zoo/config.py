@@ -91,3 +91,15 @@ def to_config(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"cannot express {type(value).__name__} as configuration; make it Configurable")
+
+
+def save_config_hyperparameters(module: Any) -> None:
+    """`LightningModule.save_hyperparameters()` for the caller's `__init__`, with every component replaced by
+    the config that rebuilds it, so a checkpoint never pickles an object and loads with
+    `torch.load(weights_only=True)`. Built by LightningCLI, the hyper-parameters already are configs (they
+    carry `_instantiator`); built in Python, they are converted here. Injected modules are kept, not
+    ignored: ignoring them breaks `load_from_checkpoint` (DESIGN.md)."""
+    module.save_hyperparameters(frame=inspect.currentframe().f_back)
+    if "_instantiator" not in module.hparams:
+        module.hparams.update({k: to_config(v) for k, v in module.hparams.items()})
+        module.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"

@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from zoo.config import to_config
+from zoo.config import save_config_hyperparameters
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data import RLDataModule
 from zoo.rl.hints import HintController, HintSchedule
@@ -135,10 +135,7 @@ class RLTask(L.LightningModule):
         frozen: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        if "_instantiator" not in self.hparams:  # built in Python: store configs, never objects
-            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
-            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         for name, value in (
             ("batch_size", batch_size),
             ("group_size", group_size),

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import torchaudio
 from torch import Tensor, nn
 
-from zoo.config import to_config
+from zoo.config import save_config_hyperparameters
 from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import AudioTeacher
@@ -248,10 +248,7 @@ class AudioTokenizerTask(L.LightningModule):
         num_logged_samples: int = 2,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        if "_instantiator" not in self.hparams:
-            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
-            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         if distill_loss not in ("d_axis", "t_axis"):
             raise ValueError(f"distill_loss must be 'd_axis' or 't_axis', got {distill_loss!r}")
         self.codec = codec

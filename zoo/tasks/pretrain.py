@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from zoo.batch import GroupBatch, Modality
-from zoo.config import to_config
+from zoo.config import save_config_hyperparameters
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
@@ -100,13 +100,7 @@ class UnifiedPretraining(L.LightningModule):
         parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
-        # Not ignoring the injected model: ignoring it breaks load_from_checkpoint (DESIGN.md). Built by the
-        # CLI, the hyper-parameters are already its config; built in Python, the objects are replaced by
-        # the config that rebuilds them, so a checkpoint never pickles an object (weights_only=True loads it).
-        self.save_hyperparameters()
-        if "_instantiator" not in self.hparams:
-            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
-            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         self.model = model
         self.elastic = elastic
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)

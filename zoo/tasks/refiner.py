@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from zoo.config import Configurable, to_config
+from zoo.config import Configurable, save_config_hyperparameters
 from zoo.models.refiner import DiffusionRefiner
 from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.visual import VisualTokenizer
@@ -192,12 +192,7 @@ class RefinerTraining(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        # As in zoo.tasks.pretrain: the hyper-parameters are configs, never pickled modules, so that a
-        # checkpoint loads with torch.load(weights_only=True).
-        self.save_hyperparameters()
-        if "_instantiator" not in self.hparams:
-            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
-            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         self.refiner = refiner
         self.degradation = degradation.requires_grad_(False)
         self.lr, self.weight_decay = lr, weight_decay

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from zoo.config import to_config
+from zoo.config import save_config_hyperparameters
 from zoo.datamodules.shapes import (
     COLOURS,
     GRID_SIZE,
@@ -195,12 +195,7 @@ class VisionEncoderPretraining(L.LightningModule):
         min_lr_ratio: float = 0.1,
     ) -> None:
         super().__init__()
-        # As UnifiedPretraining: keep the injected encoder in the hyper-parameters as its config, so a
-        # checkpoint loads with weights_only=True and load_from_checkpoint rebuilds it.
-        self.save_hyperparameters()
-        if "_instantiator" not in self.hparams:
-            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
-            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.encoder = encoder

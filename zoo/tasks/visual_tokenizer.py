@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from zoo.config import Configurable, to_config
+from zoo.config import Configurable, save_config_hyperparameters
 from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
@@ -191,12 +191,7 @@ class VisualTokenizerTraining(L.LightningModule):
         image_log_every_n_epochs: int = 1,
     ) -> None:
         super().__init__()
-        # As UnifiedPretraining: modules are stored in the hyper-parameters as their config, never pickled,
-        # so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters()
-        if "_instantiator" not in self.hparams:
-            self.hparams.update({k: to_config(v) for k, v in self.hparams.items()})
-            self.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+        save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         self.tokenizer = tokenizer
         self.reconstruction = reconstruction if reconstruction is not None else ReconstructionLoss()
         self.perceptual = perceptual
