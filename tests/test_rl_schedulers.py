@@ -13,6 +13,7 @@ from zoo.hub import build_from_config
 from zoo.registry import create_model
 from zoo.rl.rollout import InferenceEngine
 from zoo.rl.schedulers import AprilScheduler, SyncScheduler, URBScheduler
+from zoo.rl.verifiers import Query as ZooQuery
 
 SMALL = dict(
     dim=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, expert_hidden=16, top_k=2, max_seq_len=96
@@ -158,3 +159,73 @@ def test_bad_arguments_are_refused():
         URBScheduler(n_groups=0)
     with pytest.raises(ValueError, match="batch_size and group_size"):
         SyncScheduler().next_batch(None, LongTailSource(), 0, 2, 0)
+
+
+class CheckpointableSource(LongTailSource):
+    """The same long-tailed lengths with `zoo.rl.verifiers.Query` items (what a checkpoint can store)."""
+
+    def next_queries(self, n: int) -> list[ZooQuery]:
+        return [
+            ZooQuery(id=q.id, prompt="", answer="", solution="", task="test", difficulty=q.difficulty)
+            for q in super().next_queries(n)
+        ]
+
+
+def advance(scheduler, engine, model, source, versions: range) -> list:
+    batches = []
+    for version in versions:
+        batches.append(scheduler.next_batch(engine, source, B, G, version))
+        with torch.no_grad():
+            model.text_head.output.weight.add_(0.01)
+        engine.sync(model, version + 1)
+    return batches
+
+
+def start(seed_model: int = 0):
+    torch.manual_seed(seed_model)
+    model = create_model("tiny", **SMALL)
+    return model, InferenceEngine(model, max_new_tokens=40, stop_ids=(), seed=0)
+
+
+@pytest.mark.parametrize("make", [lambda: URBScheduler(n_groups=2), lambda: AprilScheduler(over_provision=2.0)])
+def test_a_checkpointed_scheduler_continues_after_a_restart_exactly_as_without_one(make, tmp_path):
+    model, engine = start()
+    straight = advance(make(), engine, model, CheckpointableSource(), range(4))
+
+    model, engine = start()
+    scheduler, source = make(), CheckpointableSource()
+    advance(scheduler, engine, model, source, range(2))
+    path = tmp_path / "scheduler.pt"
+    torch.save(
+        {"scheduler": scheduler.checkpoint_state(engine), "rng": engine.generator.get_state(),
+         "weights": model.state_dict(), "drawn": source.drawn},
+        path,
+    )  # fmt: skip
+    saved = torch.load(path, weights_only=True)
+    partial = [r for g in saved["scheduler"]["groups"].values() for r in g if not r["complete"]]
+    assert any(r["response_ids"] for r in partial), "no partial rollout to carry over: the test proves nothing"
+
+    model = create_model("tiny", **SMALL)  # a fresh process: new model, engine and scheduler
+    model.load_state_dict(saved["weights"])
+    engine = InferenceEngine(model, max_new_tokens=40, stop_ids=(), seed=123)
+    engine.version = 2
+    engine.generator.set_state(saved["rng"])
+    restored, source = make(), CheckpointableSource()
+    restored.load_checkpoint_state(saved["scheduler"])
+    source.drawn = saved["drawn"]
+    resumed = advance(restored, engine, model, source, range(2, 4))
+
+    for before, after in zip(straight[2:], resumed, strict=True):
+        for g0, g1 in zip(before, after, strict=True):
+            for r0, r1 in zip(g0, g1, strict=True):
+                assert r0.query.id == r1.query.id and r0.response_ids == r1.response_ids
+                assert r0.versions == r1.versions  # tokens sampled before the restart keep their version
+                assert torch.equal(r0.inf_logprobs, r1.inf_logprobs)
+                assert all(torch.equal(r0.routing[k], r1.routing[k]) for k in r0.routing)
+
+
+def test_a_checkpoint_of_another_scheduler_is_refused():
+    model, engine = start()
+    state = URBScheduler(n_groups=2).checkpoint_state(engine)
+    with pytest.raises(ValueError, match="URBScheduler"):
+        AprilScheduler().load_checkpoint_state(state)

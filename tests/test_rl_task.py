@@ -67,14 +67,16 @@ def warm_model(state: tuple[dict, str]):
     return model
 
 
-def fit(task: RLTask, data: RLDataModule, tmp_path: Path, steps: int = 2, **kwargs) -> L.Trainer:
+def fit(
+    task: RLTask, data: RLDataModule, tmp_path: Path, steps: int = 2, ckpt_path: Path | None = None, **kwargs
+) -> L.Trainer:
     settings = dict(
         accelerator="cpu", max_steps=steps, default_root_dir=tmp_path, logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         num_sanity_val_steps=0, limit_val_batches=1,
     )  # fmt: skip
     trainer = L.Trainer(**{**settings, **kwargs})
-    trainer.fit(task, datamodule=data)
+    trainer.fit(task, datamodule=data, ckpt_path=ckpt_path)
     return trainer
 
 
@@ -154,6 +156,62 @@ def test_a_checkpoint_loads_weights_only_and_carries_the_rl_state(warm_state, tm
     resumed = RLTask(warm_model(warm_state))
     resumed.on_load_checkpoint(checkpoint)
     assert resumed.version == 1
+
+
+def test_a_resumed_urb_run_continues_its_in_flight_rollouts_exactly_as_an_uninterrupted_one(
+    warm_state, tmp_path: Path
+):
+    def urb_task() -> tuple[RLTask, RLDataModule]:
+        torch.manual_seed(1)
+        model = warm_model(warm_state)
+        data = make_data(model)
+        data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
+        task = RLTask(
+            model, scheduler=URBScheduler(n_groups=2), rollout=RolloutConfig(max_new_tokens=6),
+            batch_size=2, group_size=4, lr=1e-3,
+        )  # fmt: skip
+        return task, data
+
+    straight, data = urb_task()
+    fit(straight, data, tmp_path / "straight", steps=4, limit_val_batches=0)
+    first, data = urb_task()
+    trainer = fit(first, data, tmp_path / "first", steps=2, limit_val_batches=0)
+    path = tmp_path / "urb.ckpt"
+    trainer.save_checkpoint(path)
+    state = torch.load(path, map_location="cpu", weights_only=True)["rl_state"]["scheduler"]
+    rollouts = [r for group in state["groups"].values() for r in group]
+    # D_2 is queued in the engine when step 2 ends (its partial rollouts: tests/test_rl_schedulers.py).
+    in_flight = [r for r in rollouts if r["queued"] >= 0]
+    assert in_flight and all(not r["finished"] and not r["truncated"] for r in in_flight)
+    resumed, data = urb_task()
+    fit(resumed, data, tmp_path / "resumed", steps=4, limit_val_batches=0, ckpt_path=path)
+    assert resumed.version == 4 and resumed.scheduler.iteration == 4
+    mismatched = [
+        k for k, v in straight.model.state_dict().items() if not torch.equal(v, resumed.model.state_dict()[k])
+    ]
+    assert not mismatched, f"the resumed run diverged from the uninterrupted one in {mismatched[:3]}"
+
+
+def test_each_rollout_is_scored_as_soon_as_the_engine_finishes_it(warm_state, tmp_path: Path):
+    model = warm_model(warm_state)
+    data = make_data(model)
+    data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
+    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=6), batch_size=4, group_size=4)
+    in_flight_at_submission = []
+    submit = task._submit_for_scoring
+
+    def recording_submit(rollout) -> None:
+        in_flight_at_submission.append(task.engine.pending)
+        submit(rollout)
+
+    task._submit_for_scoring = recording_submit
+    trainer = fit(task, data, tmp_path, steps=2, limit_val_batches=0)
+    assert len(in_flight_at_submission) == 2 * 4 * 4  # every rollout once, none scored twice
+    # Answers end at different lengths: early ones were handed to the verifiers while others generated.
+    assert max(in_flight_at_submission) > 0
+    assert not task._tickets, "a submitted verifier call was never collected"
+    assert 0 <= float(trainer.callback_metrics["train/reward"]) <= 1
+    assert "train/score_wait_s" in trainer.callback_metrics
 
 
 def test_init_from_a_pretraining_checkpoint_loads_its_weights_and_tokenizer(tmp_path: Path):

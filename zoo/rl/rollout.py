@@ -293,7 +293,11 @@ class InferenceEngine:
             routing: dict[int, list[Tensor]] = {}
             if self.record_routing:
                 old = r.routing or {}
-                routing = {layer: [old[layer]] if layer in old else [] for layer in self.moe_layers}
+                # A rollout exported before its prompt was ever fed has empty [0, 0] entries: nothing to keep.
+                routing = {
+                    layer: [old[layer]] if layer in old and old[layer].shape[0] else []
+                    for layer in self.moe_layers
+                }
             row = _Row(r, budget, r.inf_logprobs.tolist(), routing)
             if budget <= len(r.response_ids):
                 # The prompt leaves no room (or the budget is spent): say so, never drop it silently.
@@ -318,6 +322,11 @@ class InferenceEngine:
         completed, self._completed = self._completed, []
         self.stats.busy_s += time.perf_counter() - begin
         return completed + [self._export(row) for row in rows]
+
+    def in_flight(self) -> list[Rollout]:
+        """The rollouts queued or active, brought up to date (tokens, l_inf, routing so far) and left in
+        place: what a checkpoint stores so that they can `resume` after a restart."""
+        return [self._export(row) for row in self._active + self._waiting]
 
     @property
     def pending(self) -> int:

@@ -18,19 +18,33 @@ One interface, `RolloutScheduler.next_batch(engine, source, batch_size, group_si
 Every rollout carries the version of each of its tokens; `statistics()` reports trained samples, engine
 time and slot utilisation, policy lag (current version - oldest token version), off-policy token
 fraction, order error (iteration trained - iteration drawn) and the mean length / difficulty of trained
-samples against all generated / drawn ones. Scheduler state (in-flight rollouts) is not checkpointed.
+samples against all generated / drawn ones.
+
+Checkpoints: `checkpoint_state(engine)` holds every rollout the scheduler tracks (finished ones waiting
+for their data group, partial ones in the engine or in APRIL's buffer) with their tokens, l_inf, routing
+and versions, plus the data-order counters, as tensors and plain values (a `weights_only` load reads
+it). After `load_checkpoint_state` the partial rollouts that were in the engine are queued again at the
+next `next_batch` and continue under the restored weights, as after a sync: a resumed U-RB run trains
+the same data groups in the same order. The statistics restart from zero.
+
+`on_complete`, when set (RLTask sets it), is called with each rollout as the engine finishes it, so
+that its reward can be computed while the others are still generating.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import Protocol
 
+import torch
 from torch import nn
 
 from zoo.config import Configurable
 from zoo.rl.rollout import InferenceEngine, Rollout
+from zoo.rl.verifiers import Query
 
 
 class QuerySource(Protocol):
@@ -56,6 +70,8 @@ class RolloutScheduler(Configurable, nn.Module):
         self._complete: set[int] = set()
         self._next_group = 0
         self.iteration = 0
+        self._to_resume: list[Rollout] = []  # partial rollouts restored from a checkpoint
+        self.on_complete: Callable[[Rollout], None] | None = None
 
     def next_batch(
         self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int, version: int
@@ -65,6 +81,9 @@ class RolloutScheduler(Configurable, nn.Module):
             raise ValueError(f"batch_size and group_size must be >= 1, got {batch_size} and {group_size}")
         begin, busy = time.perf_counter(), engine.stats.busy_s
         steps, rows = engine.stats.steps, engine.stats.row_steps
+        if self._to_resume:
+            engine.resume(self._to_resume)
+            self._to_resume = []
         groups = self._collect(engine, source, batch_size, group_size)
         self._account(groups, version)
         self._wall += time.perf_counter() - begin
@@ -136,6 +155,8 @@ class RolloutScheduler(Configurable, nn.Module):
     def _mark(self, rollout: Rollout) -> None:
         self._complete.add(id(rollout))
         self._generated_lengths.append(len(rollout.response_ids))
+        if self.on_complete is not None:
+            self.on_complete(rollout)
 
     def _ready(self, gid: int) -> bool:
         return all(id(r) in self._complete for r in self._groups[gid])
@@ -146,6 +167,57 @@ class RolloutScheduler(Configurable, nn.Module):
             self._complete.discard(id(r))
         self._trained_order_error.append(self.iteration - self._drawn_at.pop(gid))
         return group
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def checkpoint_state(self, engine: InferenceEngine | None) -> dict:
+        """Everything needed to continue the data order after a restart (see the module docstring)."""
+        # Engine order is kept: the restored rows are re-prefilled and sampled in the same order.
+        queued = {id(r): i for i, r in enumerate(engine.in_flight())} if engine is not None else {}
+        groups = {}
+        for gid, group in self._groups.items():
+            groups[gid] = [
+                {**_rollout_state(r), "complete": id(r) in self._complete, "queued": queued.get(id(r), -1)}
+                for r in group
+            ]
+        return {
+            "kind": type(self).__name__,
+            "groups": groups,
+            "drawn_at": dict(self._drawn_at),
+            "next_group": self._next_group,
+            "iteration": self.iteration,
+            **self._extra_state(),
+        }
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        if state["kind"] != type(self).__name__:
+            raise ValueError(
+                f"the checkpoint's scheduler is {state['kind']}, this run's is {type(self).__name__}: "
+                "in-flight rollouts of one cannot continue in the other"
+            )
+        self._groups, self._complete = {}, set()
+        queued: list[tuple[int, Rollout]] = []
+        for gid, group in state["groups"].items():
+            rollouts = []
+            for item in group:
+                r = _rollout_from_state(item)
+                # Finished by the engine but not yet handed out (a `sync` completed it): finished all the same.
+                if item["complete"] or r.done:
+                    self._complete.add(id(r))
+                elif item["queued"] >= 0:
+                    queued.append((int(item["queued"]), r))
+                rollouts.append(r)
+            self._groups[int(gid)] = rollouts
+        self._to_resume = [r for _, r in sorted(queued, key=lambda pair: pair[0])]
+        self._drawn_at = {int(k): int(v) for k, v in state["drawn_at"].items()}
+        self._next_group, self.iteration = int(state["next_group"]), int(state["iteration"])
+        self._load_extra_state(state)
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        pass
 
     # ------------------------------------------------------------------------------------------ statistics
 
@@ -254,6 +326,13 @@ class AprilScheduler(RolloutScheduler):
         self.recycled_groups += len(self._buffer)
         return [self._take(g) for g in trained]
 
+    def _extra_state(self) -> dict:
+        return {"buffer": list(self._buffer), "recycled_groups": self.recycled_groups}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._buffer = [int(g) for g in state["buffer"]]
+        self.recycled_groups = int(state["recycled_groups"])
+
 
 class URBScheduler(RolloutScheduler):
     """ERNIE's Unbiased Replay Buffer: N data groups generate together, only D_t is trained at step t.
@@ -289,3 +368,48 @@ class URBScheduler(RolloutScheduler):
     def _admit(self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int) -> None:
         self._pool.append(self._launch(engine, source, batch_size, group_size, assigned=self._assigned))
         self._assigned += 1
+
+    def _extra_state(self) -> dict:
+        return {"pool": [list(g) for g in self._pool], "assigned": self._assigned}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._pool = [[int(g) for g in data_group] for data_group in state["pool"]]
+        self._assigned = int(state["assigned"])
+
+
+def _rollout_state(r: Rollout) -> dict:
+    """A rollout as tensors and plain values; its query as the fields of a `zoo.rl.verifiers.Query`."""
+    if not isinstance(r.query, Query):
+        raise TypeError(f"only zoo.rl.verifiers.Query rollouts can be checkpointed, got {type(r.query)}")
+    return {
+        "query": dataclasses.asdict(r.query),
+        "prompt_ids": list(r.prompt_ids),
+        "response_ids": list(r.response_ids),
+        "inf_logprobs": r.inf_logprobs.detach().cpu(),
+        "routing": None if r.routing is None else {k: v.cpu() for k, v in r.routing.items()},
+        "versions": list(r.versions),
+        "finished": r.finished,
+        "truncated": r.truncated,
+        "reward": r.reward,
+        "hint_len": r.hint_len,
+        "max_new_tokens": r.max_new_tokens,
+        "group": r.group,
+    }
+
+
+def _rollout_from_state(state: dict) -> Rollout:
+    routing = state["routing"]
+    return Rollout(
+        query=Query(**state["query"]),
+        prompt_ids=list(state["prompt_ids"]),
+        response_ids=list(state["response_ids"]),
+        inf_logprobs=torch.as_tensor(state["inf_logprobs"], dtype=torch.float32),
+        routing=None if routing is None else {int(k): v.long() for k, v in routing.items()},
+        versions=list(state["versions"]),
+        finished=bool(state["finished"]),
+        truncated=bool(state["truncated"]),
+        reward=state["reward"],
+        hint_len=int(state["hint_len"]),
+        max_new_tokens=state["max_new_tokens"],
+        group=int(state["group"]),
+    )
