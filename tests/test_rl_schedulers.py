@@ -187,7 +187,11 @@ def start(seed_model: int = 0):
     return model, InferenceEngine(model, max_new_tokens=40, stop_ids=(), seed=0)
 
 
-@pytest.mark.parametrize("make", [lambda: URBScheduler(n_groups=2), lambda: AprilScheduler(over_provision=2.0)])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: URBScheduler(n_groups=2), lambda: AprilScheduler(over_provision=2.0)],
+    ids=["urb", "april"],
+)
 def test_a_checkpointed_scheduler_continues_after_a_restart_exactly_as_without_one(make, tmp_path):
     model, engine = start()
     straight = advance(make(), engine, model, CheckpointableSource(), range(4))
@@ -203,7 +207,7 @@ def test_a_checkpointed_scheduler_continues_after_a_restart_exactly_as_without_o
     )  # fmt: skip
     saved = torch.load(path, weights_only=True)
     partial = [r for g in saved["scheduler"]["groups"].values() for r in g if not r["complete"]]
-    assert any(r["response_ids"] for r in partial), "no partial rollout to carry over: the test proves nothing"
+    assert any(r["response_ids"] for r in partial), "no partial rollout to carry over: this proves nothing"
 
     model = create_model("tiny", **SMALL)  # a fresh process: new model, engine and scheduler
     model.load_state_dict(saved["weights"])

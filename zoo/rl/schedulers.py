@@ -201,7 +201,7 @@ class RolloutScheduler(Configurable, nn.Module):
             rollouts = []
             for item in group:
                 r = _rollout_from_state(item)
-                # Finished by the engine but not yet handed out (a `sync` completed it): finished all the same.
+                # Finished by the engine but not yet handed out (a `sync` completed it): done all the same
                 if item["complete"] or r.done:
                     self._complete.add(id(r))
                 elif item["queued"] >= 0:
