@@ -63,6 +63,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the RL runs (the warm start uses 0)")
     p.add_argument("--plot", default=None, help="directory for rl_accuracy.png")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--replot",
+        action="append",
+        default=[],
+        metavar="LABEL=RESULT.json",
+        help="draw --plot from saved JSON lines of earlier runs (one arm each, labelled) and exit",
+    )
     args = p.parse_args()
     quick = args.quick
     args.sft_steps = args.sft_steps or (30 if quick else 200)
@@ -280,8 +287,8 @@ def plot(curves: dict[str, dict], directory: Path, n_prompts: int) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     colours = {"gspo": "tab:blue", "grpo": "tab:green", "control": "tab:gray"}
-    for arm, c in curves.items():
-        colour = colours.get(arm, None)
+    for i, (arm, c) in enumerate(curves.items()):
+        colour = colours.get(arm, "tab:gray" if "control" in arm else f"C{i}")
         axes[0].plot(c["step"], c["sampled"], "-o", color=colour, label=f"{arm}: sampled (T=1)", ms=3)
         axes[0].plot(c["step"], c["greedy"], "--", color=colour, label=f"{arm}: greedy", alpha=0.7)
         r, s = c["reward"], c["reward_step"]
@@ -300,8 +307,28 @@ def plot(curves: dict[str, dict], directory: Path, n_prompts: int) -> None:
     log(f"wrote {directory / 'rl_accuracy.png'}")
 
 
+def replot(args: argparse.Namespace) -> None:
+    """--replot: the figure from the JSON lines of separate runs (each run's arms, prefixed by its label)."""
+    if not args.plot:
+        raise SystemExit("--replot needs --plot DIR")
+    curves, n_prompts = {}, None
+    for item in args.replot:
+        label, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"--replot {item!r}: expected LABEL=RESULT.json of an earlier run")
+        line = [ln for ln in Path(path).read_text().splitlines() if ln.startswith("{")][-1]
+        result = json.loads(line)
+        n_prompts = result["eval_prompts"]
+        for arm, c in result["curves"].items():
+            curves[label if len(result["curves"]) == 1 else f"{label} {arm}"] = c
+    plot(curves, Path(args.plot), n_prompts)
+
+
 def main() -> None:
     args = parse_args()
+    if args.replot:
+        replot(args)
+        return
     info = machine_info(args.threads)
     out = Path(args.out)
     timings: dict[str, float] = {}

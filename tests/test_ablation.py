@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -27,9 +28,9 @@ def clean_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.argv", ["zoo"])
 
 
-def ablate(out: Path, overlay: Path, seeds: list[str]) -> dict:
+def ablate(out: Path, overlay: Path, seeds: list[str], *extra: str) -> dict:
     args = ["ablate", "--config", QUICKSTART, "--variant", "base=", "--variant", f"no_mtp={overlay}",
-            "--seeds", *seeds, "--out", str(out)]
+            "--seeds", *seeds, "--out", str(out), *extra]
     for setting in SMALL_RUN:
         args += ["--set", setting]
     main(args)
@@ -40,7 +41,10 @@ def test_ablation_trains_every_variant_at_every_seed_and_summarises(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     overlay = tmp_path / "no_mtp.yaml"
     overlay.write_text("model:\n  init_args:\n    model:\n      init_args:\n        mtp_depth: 0\n")
-    results = ablate(tmp_path / "ab", overlay, ["0", "1"])
+    results = ablate(
+        tmp_path / "ab", overlay, ["0", "1"], "--set", "trainer.log_every_n_steps=1",
+        "--train-metrics", "train/loss", "--window", "2",
+    )  # fmt: skip
 
     runs = results["runs"]
     assert set(runs) == {"base", "no_mtp"} and all(set(r) == {"0", "1"} for r in runs.values())
@@ -50,6 +54,12 @@ def test_ablation_trains_every_variant_at_every_seed_and_summarises(tmp_path, mo
     values = [runs["base"][s]["val/text/ntp_loss"] for s in ("0", "1")]
     assert loss["n"] == 2 and loss["mean"] == pytest.approx(sum(values) / 2)
     assert loss["std"] > 0  # two seeds, two different runs
+    # Training curves from each run's CSV log: the mean of the first and last two logged losses.
+    with (tmp_path / "ab" / "base" / "seed0" / "logs" / "metrics.csv").open() as f:
+        logged = [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert runs["base"]["0"]["train/loss[first2]"] == pytest.approx(sum(logged[:2]) / 2)
+    assert runs["base"]["0"]["train/loss[last2]"] == pytest.approx(sum(logged[-2:]) / 2)
+    assert (tmp_path / "ab" / "curves.png").stat().st_size > 0
     table = (tmp_path / "ab" / "results.md").read_text()
     assert "| no_mtp |" in table and "(n=2)" in table
     # Every run stayed in its own directory: CSV curves there, nothing written by the base config's
