@@ -3,7 +3,7 @@
 1. Warm start: `zoo fit` of the quickstart model (configs/quickstart.yaml + configs/data/text_files.yaml)
    on prompt + reference-solution texts of the training split ("arith", difficulty 1 and 2:
    "12+7-3=" -> "12+7=19,19-3=16"), 200 steps, byte tokenizer.
-2. RL: `zoo fit --config configs/rl/gspo_heldout.yaml` from that checkpoint (RLTask through Lightning,
+2. RL: `zoo fit --config configs/rl/grpo_heldout.yaml` from that checkpoint (RLTask through Lightning,
    exactly as the command line runs it), one run per arm: GSPO and/or GRPO, and the control with the same
    steps but no reward signal (`permute_rewards`: each group's rewards shuffled among its responses).
 3. Held-out evaluation of the warm start and of every arm's final policy on `--eval-prompts` distinct
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, log, machine_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-RL_CONFIG = REPO / "configs" / "rl" / "gspo_heldout.yaml"
+RL_CONFIG = REPO / "configs" / "rl" / "grpo_heldout.yaml"
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,8 +50,10 @@ def parse_args() -> argparse.Namespace:
         "--task", default="arith", help="zoo.rl.tasks_text task of every stage (the config's: arith)"
     )
     p.add_argument("--difficulties", default="1,2", help="difficulties of every stage (the config's: 1,2)")
-    p.add_argument("--rl-steps", type=int, default=None, help="RL steps per arm (default 100; quick 6)")
-    p.add_argument("--arms", default="gspo,control", help="comma list of gspo, grpo, control")
+    p.add_argument("--rl-steps", type=int, default=None, help="RL steps per arm (default 200; quick 6)")
+    p.add_argument(
+        "--arms", default="grpo,control", help="comma list of grpo, gspo, control (the first one's algorithm)"
+    )
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: the config's)")
     p.add_argument("--batch-size", type=int, default=None, help="queries per RL step (default: config's)")
     p.add_argument("--kl-coef", type=float, default=None, help="k3 KL to the warm start (default: config's)")
@@ -61,6 +63,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=None, help="distinct held-out prompts (default 512)")
     p.add_argument("--eval-samples", type=int, default=4, help="samples per prompt at temperature 1")
     p.add_argument("--seed", type=int, default=0, help="seed of the RL runs (the warm start uses 0)")
+    p.add_argument(
+        "--baseline-temperatures",
+        default="",
+        help="comma list: the warm start also sampled at these temperatures (does RL beat a colder sampler?)",
+    )
     p.add_argument("--plot", default=None, help="directory for rl_accuracy.png")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
@@ -73,7 +80,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     quick = args.quick
     args.sft_steps = args.sft_steps or (30 if quick else 200)
-    args.rl_steps = args.rl_steps or (6 if quick else 100)
+    args.rl_steps = args.rl_steps or (6 if quick else 200)
     args.eval_prompts = args.eval_prompts or (64 if quick else 512)
     args.difficulties = tuple(int(d) for d in args.difficulties.split(","))
     if quick:
@@ -143,7 +150,9 @@ def rl_run(args: argparse.Namespace, warm: Path, arm: str, out: Path) -> tuple[o
 
     out.mkdir(parents=True, exist_ok=True)
     model_args: dict[str, object] = {"init_from": str(warm)}
-    loss: dict[str, object] = {"algorithm": "grpo" if arm == "grpo" else "gspo", "icepop": False}
+    # The control permutes the rewards of the algorithm it controls for: the first of --arms.
+    algorithm = arm if arm != "control" else next((a for a in args.arms.split(",") if a != "control"), "grpo")
+    loss: dict[str, object] = {"algorithm": algorithm, "icepop": False}
     if args.kl_coef is not None:
         loss["kl_coef"] = args.kl_coef
     model_args["loss"] = loss
@@ -219,8 +228,10 @@ def heldout_prompts(n: int, task: str, difficulties: tuple[int, ...]) -> list:
 
 
 @torch.no_grad()
-def evaluate(model, data, queries: list, samples: int, max_new_tokens: int) -> dict[str, list[float]]:
-    """Per prompt: greedy correct (0/1) and the mean correctness of `samples` samples at temperature 1."""
+def evaluate(
+    model, data, queries: list, samples: int, max_new_tokens: int, temperature: float = 1.0
+) -> dict[str, list[float]]:
+    """Per prompt: greedy correct (0/1) and the mean correctness of `samples` samples at `temperature`."""
     from zoo.rl.task import _safe_verify
 
     greedy, sampled = [], [[] for _ in queries]
@@ -231,7 +242,7 @@ def evaluate(model, data, queries: list, samples: int, max_new_tokens: int) -> d
         greedy += [_safe_verify(q, data.decode(o)) >= 1.0 for q, o in zip(batch, outs, strict=True)]
         for k in range(samples):
             generator = torch.Generator().manual_seed(1000 * k + start)
-            outs = model.generate(prompts, max_new_tokens, 1.0, generator=generator)
+            outs = model.generate(prompts, max_new_tokens, temperature, generator=generator)
             for i, (q, o) in enumerate(zip(batch, outs, strict=True)):
                 sampled[start + i].append(_safe_verify(q, data.decode(o)) >= 1.0)
     return {"greedy": [float(g) for g in greedy], "sampled": [sum(s) / len(s) for s in sampled]}
@@ -336,7 +347,7 @@ def main() -> None:
     warm = Path(args.warm_start) if args.warm_start else warm_start(args, out / "warm")
     timings["warm_start_s"] = round(time.perf_counter() - begin, 1)
 
-    from zoo.hub import load_lightning_checkpoint
+    from zoo.hub import load_lightning_checkpoint, save_pretrained
     from zoo.rl.data import RLDataModule
 
     model, tokenizer = load_lightning_checkpoint(warm)
@@ -371,6 +382,13 @@ def main() -> None:
         },
     }
     log(f"warm start: {result['start']}")
+    colder = [float(t) for t in args.baseline_temperatures.split(",") if t.strip()]
+    if colder:
+        result["start_at_temperature"] = {
+            str(t): summary(evaluate(model, data, queries, args.eval_samples, budget, t), None)["sampled"]
+            for t in colder
+        }
+        log(f"warm start, colder samplers: {result['start_at_temperature']}")
     curves, ends = {}, {}
     for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
         if arm not in ("gspo", "grpo", "control"):
@@ -379,6 +397,12 @@ def main() -> None:
         timings[f"{arm}_s"] = round(seconds, 1)
         scores = evaluate(policy, data, queries, args.eval_samples, budget)
         ends[arm] = summary(scores, base)
+        # The trained policy as a hub directory (config, safetensors, tokenizer): for later analysis.
+        save_pretrained(
+            policy, out / f"rl_{arm}_s{args.seed}" / "policy", tokenizer,
+            metrics={"heldout_sampled_accuracy": ends[arm]["sampled"]},
+            description=f"{arm} policy of benchmarks/rl_heldout.py ({args.rl_steps} steps)",
+        )  # fmt: skip
         ends[arm]["per_difficulty"] = {
             str(d): summary({k: [v[i] for i in ix] for k, v in scores.items()},
                             {k: [v[i] for i in ix] for k, v in base.items()})
