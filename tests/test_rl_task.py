@@ -192,6 +192,22 @@ def test_a_resumed_urb_run_continues_its_in_flight_rollouts_exactly_as_an_uninte
     assert not mismatched, f"the resumed run diverged from the uninterrupted one in {mismatched[:3]}"
 
 
+def test_the_run_seed_changes_the_sampled_rollouts_and_the_same_seed_repeats_them(warm_state, tmp_path: Path):
+    def one_step(seed: int) -> dict:
+        L.seed_everything(seed)  # what `seed_everything: k` in a config does
+        model = warm_model(warm_state)
+        data = make_data(model)
+        data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
+        task = RLTask(model, rollout=RolloutConfig(max_new_tokens=6), batch_size=4, group_size=4, lr=1e-3)
+        fit(task, data, tmp_path / str(seed), steps=1, limit_val_batches=0)
+        assert task.run_seed == seed
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    first, other, again = one_step(0), one_step(1), one_step(0)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first), "seed 1 trained exactly as seed 0"
+
+
 def test_each_rollout_is_scored_as_soon_as_the_engine_finishes_it(warm_state, tmp_path: Path):
     model = warm_model(warm_state)
     data = make_data(model)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -65,7 +66,8 @@ class RolloutConfig:
         top_k: top-k filtering (None: off).
         top_p: nucleus filtering (None: off).
         max_batch: most sequences the engine decodes at once (None: all).
-        seed: the engine's sampling seed.
+        seed: the engine's sampling seed; None (default): the run's `seed_everything` seed (Lightning's
+            PL_GLOBAL_SEED, 0 when unseeded), so that runs at different seeds sample different rollouts.
     """
 
     precision: Precision = "float32"
@@ -74,7 +76,7 @@ class RolloutConfig:
     top_k: int | None = None
     top_p: float | None = None
     max_batch: int | None = None
-    seed: int = 0
+    seed: int | None = None
 
 
 class RLTask(L.LightningModule):
@@ -183,6 +185,13 @@ class RLTask(L.LightningModule):
         if loss.kl_coef > 0:
             self._reference.append(copy.deepcopy(model).eval().requires_grad_(False))
 
+    @property
+    def run_seed(self) -> int:
+        """The seed of the engine's sampling and of the control's permutations (`RolloutConfig.seed`)."""
+        if self.rollout_config.seed is not None:
+            return self.rollout_config.seed
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
     def _freeze(self, prefixes: tuple[str, ...]) -> None:
         names = [n for n, _ in self.model.named_parameters()]
         for prefix in prefixes:
@@ -227,7 +236,7 @@ class RLTask(L.LightningModule):
             top_p=c.top_p,
             record_routing=self.router_replay,
             max_batch=c.max_batch,
-            seed=c.seed,
+            seed=self.run_seed,
         )
         self.engine.version = self.version
         if self._engine_rng is not None:
@@ -300,8 +309,8 @@ class RLTask(L.LightningModule):
         rewards = torch.tensor(self.score(flat)).view(len(groups), self.group_size)
         score_wait_s = time.perf_counter() - begin
         signal = rewards
-        if self.permute_rewards:  # the no-signal control: seeded by the step, so reruns repeat it
-            generator = torch.Generator().manual_seed(self.version)
+        if self.permute_rewards:  # the no-signal control: seeded by run and step, so reruns repeat it
+            generator = torch.Generator().manual_seed(self.run_seed * 1_000_003 + self.version)
             signal = torch.stack([row[torch.randperm(len(row), generator=generator)] for row in rewards])
         advantages, zero_variance = group_advantages(signal)
         accuracy = []
