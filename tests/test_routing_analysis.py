@@ -18,6 +18,7 @@ from zoo.analysis.routing import (
     RoutingRecorder,
     chance_iou,
     iou,
+    load_entropy,
     normalised_entropy,
     top_experts,
 )
@@ -47,6 +48,9 @@ def test_normalised_entropy_is_one_for_even_load_zero_for_one_expert_and_half_fo
     # p = (1/2, 1/4, 1/4): H = 1.5 log 2, over log 3
     assert normalised_entropy([2, 1, 1]) == pytest.approx(1.5 * math.log(2) / math.log(3))
     assert math.isnan(normalised_entropy([0, 0, 0]))
+    # The tensor form used in training steps agrees, per row, without leaving the tensor's device.
+    loads = torch.tensor([[5.0, 5, 5, 5], [0, 9, 0, 0], [3, 3, 0, 0]])
+    assert load_entropy(loads).tolist() == pytest.approx([1.0, 0.0, 0.5])
 
 
 def test_normalised_entropy_refuses_negative_or_empty_loads():

@@ -32,6 +32,14 @@ TOP_FRACTION = 0.25  # the report's "top-25% experts"
 ROUTED_MODALITIES = tuple(m for m in Modality if m != Modality.PAD)
 
 
+def load_entropy(load: Tensor) -> Tensor:
+    """NE of a load histogram (last dimension) as a tensor on its device: no host sync, for training steps
+    (`zoo.tasks.pretrain.router_statistics`). An all-zero histogram gives 0; use `normalised_entropy` for
+    checked input and NaN there."""
+    p = load / load.sum(-1, keepdim=True).clamp_min(1e-12)
+    return -(p * p.clamp_min(1e-12).log()).sum(-1) / math.log(max(load.shape[-1], 2))
+
+
 def normalised_entropy(load: Tensor | Sequence[float]) -> float:
     """NE = -sum p_i log p_i / log N of a load histogram over N experts: 1 even, 0 a single expert.
 
@@ -47,9 +55,7 @@ def normalised_entropy(load: Tensor | Sequence[float]) -> float:
         return math.nan
     if load.numel() == 1:
         return 1.0
-    p = load / total
-    p = p[p > 0]
-    return float(-(p * p.log()).sum() / math.log(load.numel()))
+    return float(load_entropy(load))
 
 
 def top_experts(load: Tensor | Sequence[float], fraction: float = TOP_FRACTION) -> set[int]:

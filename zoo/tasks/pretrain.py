@@ -7,7 +7,6 @@ sub-model drawn per step, the optimiser and its schedule, and text generation fo
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from zoo.analysis.routing import load_entropy
 from zoo.batch import GroupBatch, Modality
 from zoo.config import save_config_hyperparameters
 from zoo.models.backbone import BackboneOutput
@@ -46,13 +46,6 @@ class SamplingConfig:
     max_audio_frames: int = 160
 
 
-def normalised_entropy(load: Tensor) -> Tensor:
-    """NE = -sum p_i log p_i / log N of an expert-load histogram: 1 is perfectly even, 0 is one expert."""
-    p = load / load.sum().clamp_min(1e-9)
-    entropy = -(p * p.clamp_min(1e-12).log()).sum()
-    return entropy / math.log(max(load.numel(), 2))
-
-
 def router_statistics(output: BackboneOutput, batch: GroupBatch, n_experts: int) -> dict[str, Tensor]:
     """Per modality, averaged over MoE layers: the normalised entropy of expert load and the busiest
     expert's share. Only valid (non-padding) tokens were routed, in row-major order."""
@@ -67,7 +60,7 @@ def router_statistics(output: BackboneOutput, batch: GroupBatch, n_experts: int)
                 continue
             load = torch.bincount(chosen.flatten(), minlength=n_experts).float()
             name = m.name.lower()
-            stats.setdefault(f"router/{name}/load_entropy", []).append(normalised_entropy(load))
+            stats.setdefault(f"router/{name}/load_entropy", []).append(load_entropy(load))
             stats.setdefault(f"router/{name}/max_load", []).append(load.max() / load.sum())
     return {k: torch.stack(v).mean() for k, v in stats.items()}
 
