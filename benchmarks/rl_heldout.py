@@ -308,7 +308,7 @@ def plot(curves: dict[str, dict], directory: Path, n_prompts: int) -> None:
         axes[1].plot(s, smooth, color=colour, label=arm)
     axes[0].set_title(f"val/accuracy on 256 held-out queries (start/end on {n_prompts}: table)", fontsize=9)
     axes[0].set_xlabel("RL step")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6, loc="lower right")
     axes[1].set_title(f"training reward (moving mean of {w} steps)", fontsize=9)
     axes[1].set_xlabel("RL step")
     axes[1].legend(fontsize=7)
