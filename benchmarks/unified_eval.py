@@ -43,10 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     info = machine_info(args.threads)
     model, tokenizer = load_lightning_checkpoint(args.checkpoint)
-    layout = MediaLayout(
-        visual_scales=model.nfsp.scales if model.nfsp is not None else MediaLayout().visual_scales,
-        audio_hop=model.audio_codec.hop if model.audio_codec is not None else MediaLayout().audio_hop,
-    )
+    layout = MediaLayout.of(model)
     data = ShapesMultimodalDataModule(
         vocab=model.vocab,
         layout=layout,

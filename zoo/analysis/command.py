@@ -46,12 +46,7 @@ def default_datamodule(model: Any, tokenizer: Any, batch_size: int = 16, seed: i
     visual = model.visual_tokenizer
     video = visual is not None and bool(visual.temporal)
     codec, encoder = model.audio_codec, model.vision_encoder
-    layout = MediaLayout(
-        visual_scales=tuple(model.nfsp.scales) if model.nfsp is not None else MediaLayout().visual_scales,
-        temporal_stride=visual.temporal_stride if video else MediaLayout().temporal_stride,
-        audio_hop=codec.hop if codec is not None else MediaLayout().audio_hop,
-        context_grid=tuple(encoder.grid) if encoder is not None else MediaLayout().context_grid,
-    )
+    layout = MediaLayout.of(model)
     image = float(visual is not None)
     data = ShapesMultimodalDataModule(
         vocab=model.vocab,

@@ -129,6 +129,22 @@ class MediaLayout:
         if self.temporal_stride < 1 or self.audio_hop < 1 or min(self.context_grid) < 1:
             raise ValueError("temporal_stride, audio_hop and context_grid must be >= 1")
 
+    @classmethod
+    def of(cls, model: object) -> MediaLayout:
+        """The layout a `UnifiedModel` reads: its visual tokenizer's scales and temporal stride, its codec's
+        hop, its vision encoder's grid (defaults where the model has no such component)."""
+        default = cls()
+        visual = getattr(model, "visual_tokenizer", None)
+        codec = getattr(model, "audio_codec", None)
+        encoder = getattr(model, "vision_encoder", None)
+        temporal = visual is not None and bool(visual.temporal)
+        return cls(
+            visual_scales=tuple(visual.scales) if visual is not None else default.visual_scales,
+            temporal_stride=visual.temporal_stride if temporal else default.temporal_stride,
+            audio_hop=codec.hop if codec is not None else default.audio_hop,
+            context_grid=tuple(encoder.grid) if encoder is not None else default.context_grid,
+        )
+
     @property
     def tokens_per_frame(self) -> int:
         return sum(s * s for s in self.visual_scales)
@@ -183,7 +199,12 @@ class _RowWriter:
     _FILL = {"targets": IGNORE_INDEX, "audio_end": False}  # every other per-position column: NO_SLOT
 
     def __init__(
-        self, builder: SequenceBuilder, row: int, out: dict[str, Tensor], media: dict[str, list], start: int = 0
+        self,
+        builder: SequenceBuilder,
+        row: int,
+        out: dict[str, Tensor],
+        media: dict[str, list],
+        start: int = 0,
     ) -> None:
         self.b, self.row, self.out, self.media = builder, row, out, media
         self.start = self.pos = start
@@ -199,7 +220,8 @@ class _RowWriter:
         for key, column in self.cols.items():
             column.append(self._FILL.get(key, NO_SLOT))
         c = self.cols
-        c["ids"][-1], c["modality"][-1], c["group"][-1], c["doc"][-1] = token, int(modality), self.group, self.doc
+        c["ids"][-1], c["modality"][-1] = token, int(modality)
+        c["group"][-1], c["doc"][-1] = self.group, self.doc
         for axis, value in zip(self.coords, (t, h, w), strict=True):
             axis.append(value)
         if new_group:

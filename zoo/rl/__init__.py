@@ -2,7 +2,8 @@
 
 `zoo.rl.losses` (GRPO / GSPO / IcePop / MISC / WPSM), `zoo.rl.hints` (AHRL), `zoo.rl.verifiers` (queries,
 verifiers, the worker pool), `zoo.rl.tasks_text`, `zoo.rl.rollout` (inference engine, router replay),
-`zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.data` and `zoo.rl.task.RLTask`.
+`zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.prompts` (prompts with media), `zoo.rl.data` (text
+tasks), `zoo.rl.data_shapes` (image / speech / clip to caption) and `zoo.rl.task.RLTask`.
 
 Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
 for Lightning.
@@ -14,6 +15,8 @@ _EXPORTS = {
     "RLTask": "zoo.rl.task",
     "RolloutConfig": "zoo.rl.task",
     "RLDataModule": "zoo.rl.data",
+    "QueryDataModule": "zoo.rl.data",
+    "ShapesCaptionDataModule": "zoo.rl.data_shapes",
     "PolicyLossConfig": "zoo.rl.losses",
     "MismatchBounds": "zoo.rl.losses",
     "policy_loss": "zoo.rl.losses",

@@ -1,10 +1,12 @@
 """RL data: a source of queries for the rollout schedulers, with the tokenizer that turns them into ids.
 
-`RLDataModule` is what `data:` names in `configs/rl/*.yaml`. It serves the schedulers
-(`next_queries`, `encode_prompt`: the `QuerySource` protocol of `zoo.rl.schedulers`), the task (the
-completion text a verifier reads, held-out queries for validation) and Lightning (a train loader whose
-items only count RL steps, a validation loader of held-out queries). The order of training queries is a
-seeded permutation per pass over the pool, and the position in it travels in checkpoints.
+`QueryDataModule` is the base of what `data:` names in `configs/rl/*.yaml`: `RLDataModule` (text tasks
+with exact answers, here) and `ShapesCaptionDataModule` (image / speech / video to caption,
+`zoo.rl.data_shapes`). It serves the schedulers (`next_queries`, `encode_prompt`: the `QuerySource`
+protocol of `zoo.rl.schedulers`), the task (the completion text a verifier reads, held-out queries for
+validation) and Lightning (a train loader whose items only count RL steps, a validation loader of
+held-out queries). The order of training queries is a seeded permutation per pass over the pool, and the
+position in it travels in checkpoints.
 
 The tokenizer is, in order of preference: the one stored with the starting weights (`RLTask` hands it
 over from `init_from`), a file given as `tokenizer` (a tokenizer JSON, a Lightning checkpoint or a hub
@@ -21,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from zoo.batch import Modality
 from zoo.rl.hints import HintController
+from zoo.rl.prompts import Prompt
 from zoo.rl.tasks_text import TextTasks, training_text
 from zoo.rl.verifiers import Query
 from zoo.tokenizers.text import TextTokenizer
@@ -45,17 +48,16 @@ def load_any_tokenizer(path: str | Path) -> TextTokenizer:
     raise ValueError(f"tokenizer {path}: expected a tokenizer .json, a Lightning .ckpt or a hub directory")
 
 
-class RLDataModule(L.LightningDataModule):
-    """Text tasks with exact answers as RL queries.
+class QueryDataModule(L.LightningDataModule):
+    """RL queries: a training pool served in seeded order, held-out queries, the tokenizer; subclasses
+    say what the queries are (`make_queries`), which texts a tokenizer is trained on (`training_texts`)
+    and, for prompts with media, what the policy sees (`base_prompt`, `encode_prompt`).
 
     Args:
-        tasks: task names of `zoo.rl.tasks_text.GENERATORS`.
-        difficulties: difficulty levels of every task.
         vocab: the model's unified vocabulary.
         train_size: distinct training queries, cycled through in a new seeded order every pass.
         heldout_size: held-out queries for validation (never a training prompt).
         seed: selects the queries and their order.
-        heldout_fraction: share of the prompt space reserved for held-out queries.
         tokenizer: tokenizer JSON, Lightning checkpoint or hub directory; None trains a BPE on the
             training texts (unless the starting checkpoint brings one).
         tokenizer_size: vocabulary of that trained BPE.
@@ -65,13 +67,10 @@ class RLDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        tasks: tuple[str, ...] = ("add",),
-        difficulties: tuple[int, ...] = (1,),
         vocab: UnifiedVocab = UnifiedVocab(),
         train_size: int = 1024,
         heldout_size: int = 128,
         seed: int = 0,
-        heldout_fraction: float = 0.1,
         tokenizer: str | None = None,
         tokenizer_size: int = 320,
         steps_per_epoch: int = 1000,
@@ -82,7 +81,6 @@ class RLDataModule(L.LightningDataModule):
             raise ValueError(f"train_size and heldout_size must be >= 1, got {train_size} and {heldout_size}")
         if steps_per_epoch < 1 or val_batch_size < 1:
             raise ValueError("steps_per_epoch and val_batch_size must be >= 1")
-        self.tasks = TextTasks(tuple(tasks), tuple(difficulties), seed, heldout_fraction)
         self.vocab = vocab
         self.train_size, self.heldout_size, self.seed = train_size, heldout_size, seed
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
@@ -96,15 +94,24 @@ class RLDataModule(L.LightningDataModule):
         self._order: list[int] = []
         self._base: dict[str, list[int]] = {}
 
+    # -- what subclasses define ------------------------------------------------------------------------
+    def make_queries(self, split: str, n: int) -> list[Query]:
+        """n queries of split "train" or "heldout" (disjoint), deterministic in the seed."""
+        raise NotImplementedError
+
+    def training_texts(self) -> list[str]:
+        """What a tokenizer is trained on when none is given."""
+        raise NotImplementedError
+
     # -- queries ---------------------------------------------------------------------------------------
     def train_queries(self) -> list[Query]:
         if self._train is None:
-            self._train = self.tasks.queries("train", self.train_size)
+            self._train = self.make_queries("train", self.train_size)
         return self._train
 
     def heldout_queries(self) -> list[Query]:
         if self._heldout is None:
-            self._heldout = self.tasks.queries("heldout", self.heldout_size)
+            self._heldout = self.make_queries("heldout", self.heldout_size)
         return self._heldout
 
     def _permutation(self, n_pass: int) -> list[int]:
@@ -142,7 +149,7 @@ class RLDataModule(L.LightningDataModule):
             if self.tokenizer_path:
                 tokenizer = load_any_tokenizer(self.tokenizer_path)
             else:
-                texts = [training_text(q) for q in self.train_queries()]
+                texts = self.training_texts()
                 tokenizer = TextTokenizer.train(texts, vocab_size=self.tokenizer_size, min_frequency=2)
             self._check_size(tokenizer)
             self.tokenizer = tokenizer
@@ -158,12 +165,20 @@ class RLDataModule(L.LightningDataModule):
             self._base[query.id] = [self.vocab.bos_id, *self.encode_text(query.prompt)]
         return self._base[query.id]
 
-    def encode_prompt(self, query: Query) -> list[int]:
-        """The ids the policy continues: `<bos>` + prompt + the AHRL hint of the current step (if any)."""
-        ids = list(self.base_prompt_ids(query))
-        if self.hints is not None:
-            ids += self.hints.hint(query.id, query.solution, self.step, self.encode_text)
-        return ids
+    def base_prompt(self, query: Query) -> Prompt:
+        """What the policy continues without a hint: unified ids here, a Document with media in subclasses
+        that have them (`zoo.rl.prompts`)."""
+        return self.base_prompt_ids(query)
+
+    def hint_ids(self, query: Query) -> list[int]:
+        """The AHRL hint of the current step (empty without hints)."""
+        if self.hints is None:
+            return []
+        return self.hints.hint(query.id, query.solution, self.step, self.encode_text)
+
+    def encode_prompt(self, query: Query) -> Prompt:
+        """What the policy continues: `<bos>` + prompt + the AHRL hint of the current step (if any)."""
+        return [*self.base_prompt_ids(query), *self.hint_ids(query)]
 
     def decode(self, ids: list[int]) -> str:
         """Unified ids -> text, special tokens dropped."""
@@ -207,3 +222,39 @@ class RLDataModule(L.LightningDataModule):
             self._base = {}
         self._pass, self._cursor = int(state_dict.get("pass", 0)), int(state_dict.get("cursor", 0))
         self._order = self._permutation(self._pass)
+
+
+class RLDataModule(QueryDataModule):
+    """Text tasks with exact answers as RL queries.
+
+    Args:
+        tasks: task names of `zoo.rl.tasks_text.GENERATORS`.
+        difficulties: difficulty levels of every task.
+        vocab .. val_batch_size: as `QueryDataModule`.
+        heldout_fraction: share of the prompt space reserved for held-out queries.
+    """
+
+    def __init__(
+        self,
+        tasks: tuple[str, ...] = ("add",),
+        difficulties: tuple[int, ...] = (1,),
+        vocab: UnifiedVocab = UnifiedVocab(),
+        train_size: int = 1024,
+        heldout_size: int = 128,
+        seed: int = 0,
+        heldout_fraction: float = 0.1,
+        tokenizer: str | None = None,
+        tokenizer_size: int = 320,
+        steps_per_epoch: int = 1000,
+        val_batch_size: int = 64,
+    ) -> None:
+        super().__init__(
+            vocab, train_size, heldout_size, seed, tokenizer, tokenizer_size, steps_per_epoch, val_batch_size
+        )
+        self.tasks = TextTasks(tuple(tasks), tuple(difficulties), seed, heldout_fraction)
+
+    def make_queries(self, split: str, n: int) -> list[Query]:
+        return self.tasks.queries(split, n)
+
+    def training_texts(self) -> list[str]:
+        return [training_text(q) for q in self.train_queries()]

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from zoo.batch import PAD_DOC, GroupBatch
-from zoo.models.generation import text_batch
+from zoo.batch import GroupBatch
 from zoo.parallel import gathered
+from zoo.rl.prompts import PromptLayout
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
@@ -45,7 +45,7 @@ def sequence_logprobs(
     if not rollouts:
         return ([], []) if with_entropy else []
     device = next(model.parameters()).device
-    batch = _full_sequences(model, rollouts, device)
+    batch = _full_sequences(model, rollouts)
     routing = _replay_routing(model, rollouts) if replay else None
     # Position P-1+t predicts response token t: right padding keeps each row's predictors contiguous.
     picked = torch.zeros_like(batch.input_ids, dtype=torch.bool)
@@ -68,19 +68,14 @@ def sequence_logprobs(
         return logprobs, list(entropy.split(sizes))
 
 
-def _full_sequences(model: UnifiedModel, rollouts: list[Rollout], device: torch.device) -> GroupBatch:
-    """prompt + response of each rollout, right-padded, one document a row."""
-    seqs = [r.prompt_ids + r.response_ids for r in rollouts]
-    longest = max(len(s) for s in seqs)
+def _full_sequences(model: UnifiedModel, rollouts: list[Rollout]) -> GroupBatch:
+    """prompt (text or a document with media) + response of each rollout, right-padded, one document a
+    row (`zoo.rl.prompts`)."""
+    longest = max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
     if longest > model.backbone.max_seq_len:
         raise ValueError(f"a rollout of {longest} tokens exceeds max_seq_len={model.backbone.max_seq_len}")
-    ids = torch.full((len(seqs), longest), model.vocab.pad_id, dtype=torch.long, device=device)
-    doc = torch.full_like(ids, PAD_DOC)
-    for row, seq in enumerate(seqs):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long, device=device)
-        doc[row, : len(seq)] = 0
-    index = torch.arange(longest, device=device).expand(len(seqs), -1).contiguous()
-    return text_batch(ids, doc, index)
+    rows = [(r.prompt_document, r.prompt_ids, r.response_ids) for r in rollouts]
+    return PromptLayout(model).batch(rows, left=False)
 
 
 def _replay_routing(model: UnifiedModel, rollouts: list[Rollout]) -> dict[int, Tensor]:
@@ -106,7 +101,7 @@ def _replay_routing(model: UnifiedModel, rollouts: list[Rollout]) -> dict[int, T
 @torch.no_grad()
 def routing_agreement(model: UnifiedModel, rollouts: list[Rollout], replay: bool = False) -> float:
     """Fraction of (position, MoE layer) where the trainer's expert set equals the recorded one."""
-    batch = _full_sequences(model, rollouts, next(model.parameters()).device)
+    batch = _full_sequences(model, rollouts)
     recorded = _replay_routing(model, rollouts)
     with gathered(model):
         out = model.backbone(model.embed(batch), batch, routing=recorded if replay else None)

@@ -14,6 +14,9 @@ the trainer's at the old weights l_old and the trainer's now l. This file holds:
 - `sequence_logprobs` (zoo/rl/replay.py, re-exported here): the trainer's log-probs of the response
   tokens, optionally with Rollout Router Replay (R3).
 
+A prompt is unified ids laid out as text, or a `Document` with media (image, clip or speech to caption):
+`zoo.rl.prompts` tokenizes its media once and lays rows out; the response continues it as text.
+
 l_inf is `log_softmax(logits / temperature)` of the sampled token: the engine's temperature-scaled
 distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 = greedy records
 temperature 1). `sequence_logprobs` takes the same temperature, so that l_old - l_inf is the
@@ -32,10 +35,12 @@ import torch
 from torch import Tensor
 
 from zoo.batch import PAD_DOC
+from zoo.datamodules.sequence import Document
 from zoo.models.backbone import KVCache
-from zoo.models.generation import left_pad, sample_next, text_batch
+from zoo.models.generation import sample_next
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import fp8_module_filter, is_sharded
+from zoo.rl.prompts import Prompt, PromptLayout, continuation_batch, is_document, next_positions
 
 if TYPE_CHECKING:
     from zoo.rl.verifiers import Query
@@ -52,7 +57,9 @@ class Rollout:
     """One sampled response and what the engine knew when it sampled it.
 
     query: the task item. prompt_ids: unified ids fed before the response (any hint included; `hint_len`
-    of them are the hint). response_ids: the sampled tokens (a stop id, when one ended it, included).
+    of them are the hint); for a prompt with media, the laid-out ids of `prompt_document` (`pad_id` where
+    media sit). prompt_document: the prompt with media (as codes), None for a text prompt.
+    response_ids: the sampled tokens (a stop id, when one ended it, included).
     inf_logprobs: `[len(response)]` float32 l_inf. routing: MoE layer -> `[len(prompt) + len(response),
     top_k]` expert ids, the backbone's `routing` argument for a forward of this one sequence (also for a
     partial rollout from `interrupt`). versions: the policy version that sampled each
@@ -72,6 +79,7 @@ class Rollout:
     hint_len: int = 0
     max_new_tokens: int | None = None
     group: int = -1
+    prompt_document: Document | None = None
 
     @property
     def done(self) -> bool:
@@ -97,13 +105,16 @@ class EngineStats:
 
 @dataclass
 class _Row:
-    """A sequence in the engine. `fed`: positions in the KV cache; the pending token is response[-1]."""
+    """A sequence in the engine. `fed`: positions in the KV cache; the pending token is response[-1], fed
+    at time `next_t` in group `next_group` (both equal `fed` for a text prompt)."""
 
     rollout: Rollout
     budget: int
     logprobs: list[float]
     routing: dict[int, list[Tensor]]
     fed: int = 0
+    next_t: int = 0
+    next_group: int = 0
     done: bool = False  # decided; waits for one last forward that records its final position's routing
 
     @property
@@ -189,6 +200,7 @@ class InferenceEngine:
         self.top_k, self.top_p = top_k, top_p
         self.record_routing, self.max_batch = record_routing, max_batch
         self.model = _plain_copy(model).eval().requires_grad_(False)
+        self.layout = PromptLayout(self.model)
         self.stop_ids = (self.model.vocab.eos_id,) if stop_ids is None else tuple(stop_ids)
         self._fp8 = self._fp8_weights() if precision == "fp8" else []
         self._cast()
@@ -250,13 +262,14 @@ class InferenceEngine:
 
     def start(
         self,
-        prompts: list[list[int]],
+        prompts: list[Prompt],
         queries: list[Query],
         max_new_tokens: list[int] | None = None,
         groups: list[int] | None = None,
     ) -> list[Rollout]:
         """Queue new sequences; returns their Rollouts, filled in as they generate (done when `step`
-        returns them). max_new_tokens: per-sequence budgets (capped by the engine's and the context)."""
+        returns them). A prompt is unified ids or a `Document` with media (tokenized once per distinct
+        prompt object). max_new_tokens: per-sequence budgets (capped by the engine's and the context)."""
         if len(prompts) != len(queries):
             raise ValueError(
                 f"{len(prompts)} prompts but {len(queries)} queries: expected one query a prompt"
@@ -265,15 +278,22 @@ class InferenceEngine:
         if len(budgets) != len(prompts):
             raise ValueError(f"max_new_tokens has {len(budgets)} entries for {len(prompts)} prompts")
         rollouts = []
+        prepared: dict[int, tuple[Document, list[int]]] = {}  # id(prompt) -> (codes document, laid-out ids)
         for i, (prompt, query, budget) in enumerate(zip(prompts, queries, budgets, strict=True)):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty: start it with at least <bos>")
             if budget < 1:
                 raise ValueError(f"max_new_tokens[{i}] = {budget}: expected >= 1")
-            self.model.vocab.check_ids(torch.tensor(prompt), range(0, self.model.vocab.text_head_size))
+            document = None
+            if is_document(prompt):
+                if id(prompt) not in prepared:
+                    prepared[id(prompt)] = self.layout.prepare(prompt)
+                document, prompt = prepared[id(prompt)]
+            else:
+                self.model.vocab.check_ids(torch.tensor(prompt), range(0, self.model.vocab.text_head_size))
             group = -1 if groups is None else groups[i]
             rollout = Rollout(query, list(prompt), [], torch.zeros(0), None, [], False, False)
-            rollout.max_new_tokens, rollout.group = budget, group
+            rollout.max_new_tokens, rollout.group, rollout.prompt_document = budget, group, document
             rollouts.append(rollout)
         self.resume(rollouts)
         return rollouts
@@ -340,7 +360,7 @@ class InferenceEngine:
     # ------------------------------------------------------------------------------------------ stepping
 
     def generate(
-        self, prompts: list[list[int]], queries: list[Query], max_new_tokens: list[int] | None = None
+        self, prompts: list[Prompt], queries: list[Query], max_new_tokens: list[int] | None = None
     ) -> list[Rollout]:
         """Generate every prompt to the end (blocking); rollouts in the order of the prompts."""
         if self.pending:
@@ -373,9 +393,9 @@ class InferenceEngine:
         if not rows:
             return
         seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
-        ids, doc, index = left_pad(seqs, self.model.vocab.pad_id, self.device)
-        cache = self.model.backbone.new_cache(len(rows), ids.shape[1])
-        batch = text_batch(ids, doc, index)
+        parts = [(r.rollout.prompt_document, r.rollout.prompt_ids, r.rollout.response_ids) for r in rows]
+        batch = self.layout.batch(parts, left=True)
+        cache = self.model.backbone.new_cache(len(rows), batch.seq_len)
         out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
         self.stats.prefill_tokens += sum(len(s) for s in seqs)
         if self.record_routing:
@@ -386,8 +406,9 @@ class InferenceEngine:
                 start = offsets[i] + row.recorded  # positions recorded before an interruption are kept
                 for layer, chosen in out.routing.items():
                     row.routing[layer].append(chosen[start : offsets[i + 1]])
-        for row, length in zip(rows, (len(s) for s in seqs), strict=True):
-            row.fed = length
+        next_t, next_group = next_positions(batch)
+        for row, length, t, group in zip(rows, (len(s) for s in seqs), next_t, next_group, strict=True):
+            row.fed, row.next_t, row.next_group = length, t, group
         sample = [i for i, r in enumerate(rows) if not r.done]
         if sample:
             self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
@@ -400,11 +421,12 @@ class InferenceEngine:
             self._grow(_CACHE_HEADROOM)
             cache = self._cache
         ids = torch.tensor([[r.rollout.response_ids[-1]] for r in rows], device=self.device)
-        index = torch.tensor([[r.fed] for r in rows], device=self.device)
-        batch = text_batch(ids, torch.zeros_like(ids), index)
+        t = torch.tensor([[r.next_t] for r in rows], device=self.device)
+        group = torch.tensor([[r.next_group] for r in rows], device=self.device)
+        batch = continuation_batch(ids, t, group)
         out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
         for row in rows:
-            row.fed += 1
+            row.fed, row.next_t, row.next_group = row.fed + 1, row.next_t + 1, row.next_group + 1
         if self.record_routing:
             for layer, chosen in out.routing.items():
                 for i, row in enumerate(rows):

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from zoo.config import Configurable
+from zoo.rl.prompts import Prompt, document_from_state, document_state
 from zoo.rl.rollout import InferenceEngine, Rollout
 from zoo.rl.verifiers import Query
 
@@ -52,7 +53,7 @@ class QuerySource(Protocol):
 
     def next_queries(self, n: int) -> list: ...  # list[Query]
 
-    def encode_prompt(self, query: object) -> list[int]: ...
+    def encode_prompt(self, query: object) -> Prompt: ...  # unified ids, or a Document with media
 
 
 class RolloutScheduler(Configurable, nn.Module):
@@ -394,6 +395,7 @@ def _rollout_state(r: Rollout) -> dict:
         "hint_len": r.hint_len,
         "max_new_tokens": r.max_new_tokens,
         "group": r.group,
+        "prompt_document": document_state(r.prompt_document),
     }
 
 
@@ -412,4 +414,5 @@ def _rollout_from_state(state: dict) -> Rollout:
         hint_len=int(state["hint_len"]),
         max_new_tokens=state["max_new_tokens"],
         group=int(state["group"]),
+        prompt_document=document_from_state(state.get("prompt_document")),
     )

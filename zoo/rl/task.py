@@ -16,7 +16,12 @@ One training step (manual optimisation):
 6. the engine syncs to the new weights (policy version + 1).
 
 Validation generates on held-out queries with the trained model: `val/accuracy` (greedy) and
-`val/accuracy_sampled` (sampled as the engine samples, fixed seed per batch).
+`val/accuracy_sampled` (sampled as the engine samples, fixed seed per batch), with `val/reward...` beside
+them (graded rewards such as caption attribute accuracy) and, when the held-out queries span several
+verifier tasks (image, speech and video captions), each task's under `val/<task>/...`.
+
+Prompts may hold media (`zoo.rl.data_shapes.ShapesCaptionDataModule`: image, speech or clip to caption):
+the engine, the trainer's log-probs and validation lay them out as pretraining did (`zoo.rl.prompts`).
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ import torch
 from torch import Tensor
 
 from zoo.config import save_config_hyperparameters
+from zoo.datamodules.sequence import TextSegment
+from zoo.models.media_generation import generate_text_after
 from zoo.models.unified import UnifiedModel
-from zoo.rl.data import RLDataModule
+from zoo.rl.data import QueryDataModule
 from zoo.rl.hints import HintController, HintSchedule
 from zoo.rl.losses import (
     LossStats,
@@ -46,6 +53,7 @@ from zoo.rl.losses import (
     policy_loss,
     wpsm_weights,
 )
+from zoo.rl.prompts import Prompt, PromptLayout, is_document
 from zoo.rl.replay import sequence_logprobs
 from zoo.rl.rollout import InferenceEngine, Precision, Rollout
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
@@ -180,6 +188,7 @@ class RLTask(L.LightningModule):
         self.engine: InferenceEngine | None = None
         self.pool: VerifierPool | None = None
         self._tickets: dict[int, int] = {}  # id(rollout) -> verifier ticket, submitted as it finished
+        self._base_lengths: dict[str, int] = {}  # query id -> positions of its prompt without a hint
         self._engine_rng: Tensor | None = None  # from a checkpoint, applied when the engine is built
         self._reference: list[UnifiedModel] = []
         if loss.kl_coef > 0:
@@ -208,10 +217,13 @@ class RLTask(L.LightningModule):
 
     # -- wiring ----------------------------------------------------------------------------------------
     @property
-    def source(self) -> RLDataModule:
+    def source(self) -> QueryDataModule:
         datamodule = getattr(self.trainer, "datamodule", None)
-        if not isinstance(datamodule, RLDataModule):
-            raise TypeError(f"RLTask needs an RLDataModule as data, got {type(datamodule).__name__}")
+        if not isinstance(datamodule, QueryDataModule):
+            raise TypeError(
+                f"RLTask needs a QueryDataModule (RLDataModule, ShapesCaptionDataModule) as data, "
+                f"got {type(datamodule).__name__}"
+            )
         return datamodule
 
     def setup(self, stage: str) -> None:
@@ -262,7 +274,7 @@ class RLTask(L.LightningModule):
         for start in range(0, len(todo), 64):
             chunk = todo[start : start + 64]
             queries = [q for q in chunk for _ in range(k)]
-            rollouts = engine.generate([source.base_prompt_ids(q) for q in queries], queries)
+            rollouts = engine.generate([source.base_prompt(q) for q in queries], queries)
             rewards = self.score(rollouts)
             for i, q in enumerate(chunk):
                 correct = [r >= 1.0 for r in rewards[i * k : (i + 1) * k]]
@@ -271,9 +283,17 @@ class RLTask(L.LightningModule):
     def _submit_for_scoring(self, rollout: Rollout) -> None:
         """The scheduler's `on_complete`: queue the verifier call of a rollout the engine just finished."""
         source = self.source
-        rollout.hint_len = len(rollout.prompt_ids) - len(source.base_prompt_ids(rollout.query))
+        rollout.hint_len = len(rollout.prompt_ids) - self._base_length(rollout.query)
         text = source.completion_text(rollout.prompt_ids, rollout.response_ids, rollout.hint_len)
         self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, text)
+
+    def _base_length(self, query: object) -> int:
+        """Positions of the query's prompt without a hint, as the engine lays it out."""
+        if query.id not in self._base_lengths:
+            prompt = self.source.base_prompt(query)
+            length = self.engine.layout.builder.length(prompt) if is_document(prompt) else len(prompt)
+            self._base_lengths[query.id] = length
+        return self._base_lengths[query.id]
 
     def score(self, rollouts: list[Rollout]) -> list[float]:
         """Rewards of rollouts (truncated ones per `truncated`; an empty response is scored as empty text).
@@ -442,25 +462,41 @@ class RLTask(L.LightningModule):
     @torch.no_grad()
     def validation_step(self, batch: list, batch_idx: int) -> None:
         source = self.source
-        prompts = [source.base_prompt_ids(q) for q in batch]
-        greedy = self.model.generate(prompts, self.val_max_new_tokens, temperature=0.0)
+        prompts = [source.base_prompt(q) for q in batch]
+        greedy = self._generate(prompts, temperature=0.0)
         # Also sampled as the engine samples (what the RL objective optimises), with a fixed seed per batch.
         generator = torch.Generator(self.device).manual_seed(batch_idx)
-        c = self.rollout_config
-        sampled = self.model.generate(
-            prompts, self.val_max_new_tokens, c.temperature, c.top_k, c.top_p, generator=generator
-        )
+        sampled = self._generate(prompts, self.rollout_config.temperature, generator)
+        tasks = sorted({q.task for q in source.heldout_queries()})
         for name, outputs in (("", greedy), ("_sampled", sampled)):
             rewards = torch.tensor(
                 [_safe_verify(q, source.decode(ids)) for q, ids in zip(batch, outputs, strict=True)]
             )
-            self.log(f"val/reward{name}", rewards.mean(), batch_size=len(batch))
-            self.log(
-                f"val/accuracy{name}",
-                (rewards >= 1.0).float().mean(),
-                batch_size=len(batch),
-                prog_bar=not name,
-            )
+            self._log_rewards("val", name, rewards, prog_bar=not name)
+            if len(tasks) > 1:
+                for task in tasks:
+                    picked = [i for i, q in enumerate(batch) if q.task == task]
+                    if picked:
+                        self._log_rewards(f"val/{task}", name, rewards[picked])
+
+    def _log_rewards(self, prefix: str, name: str, rewards: Tensor, prog_bar: bool = False) -> None:
+        self.log(f"{prefix}/reward{name}", rewards.mean(), batch_size=len(rewards))
+        accuracy = (rewards >= 1.0).float().mean()
+        self.log(f"{prefix}/accuracy{name}", accuracy, batch_size=len(rewards), prog_bar=prog_bar)
+
+    def _generate(
+        self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None
+    ) -> list[list[int]]:
+        """Responses of the trained model (not the engine) to unified-id or media prompts."""
+        c, budget = self.rollout_config, self.val_max_new_tokens
+        if not any(is_document(p) for p in prompts):
+            return self.model.generate(prompts, budget, temperature, c.top_k, c.top_p, generator=generator)
+        layout = PromptLayout(self.model)
+        documents = [p if is_document(p) else [TextSegment(p, predict=False)] for p in prompts]
+        batch = layout.builder.collate_prompts(documents).to(self.device)
+        return generate_text_after(
+            self.model, batch, budget, temperature, c.top_k, c.top_p, generator=generator
+        )
 
     # -- optimisation and checkpoints -------------------------------------------------------------------
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)

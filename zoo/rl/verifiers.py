@@ -125,6 +125,10 @@ VERIFIERS: dict[str, Callable[[Query, Any], float]] = {
     "count": verify_integer,
     "sort": verify_sorted,
     "shapes_caption": verify_shapes_caption,
+    # The same caption reward, named by the prompt's modality so that statistics keep them apart.
+    "image_caption": verify_shapes_caption,
+    "speech_caption": verify_shapes_caption,
+    "video_caption": verify_shapes_caption,
     "shapes_image": verify_shapes_image,
     "shapes_video": verify_shapes_video,
     "shapes_speech": verify_shapes_speech,

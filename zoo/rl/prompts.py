@@ -1,0 +1,169 @@
+"""Prompts with media for RL: an image, a clip or speech followed by text the policy writes (issue 5).
+
+A prompt is either unified ids laid out as text (one token per group, t = h = w = its index: the text
+tasks) or a `Document` (`zoo.datamodules.sequence`) whose segments carry media. For a document:
+
+- `PromptLayout.prepare` tokenizes its media once, with the model's frozen visual tokenizer / audio
+  codec, into codes (`VisualSegment(codes=...)`, `AudioSegment(codes=...)`). The engine and the trainer
+  then embed the same codes whatever precision either runs in, and no forward re-encodes pixels. Context
+  images stay pixels: the vision encoder is trained with the policy.
+- the rollout's `prompt_ids` are the document's laid-out input ids (`pad_id` where media sit), so
+  lengths, response offsets and recorded routing index positions exactly as for text prompts.
+- `rollout_batch` lays out rows of prompt + response: the response continues the document as text, one
+  group a token, t and the group id going on after the prompt's last (as `generate_text_after` decodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from zoo.batch import PAD_DOC, GroupBatch, Modality
+from zoo.datamodules.sequence import (
+    AudioSegment,
+    ContextSegment,
+    Document,
+    MediaLayout,
+    SequenceBuilder,
+    TextSegment,
+    VisualSegment,
+)
+from zoo.models.generation import left_pad, text_batch
+from zoo.models.nfsp import flatten_scales
+
+if TYPE_CHECKING:
+    from zoo.models.unified import UnifiedModel
+
+Prompt = list[int] | Document
+SEGMENTS = (TextSegment, VisualSegment, AudioSegment, ContextSegment)
+# (prompt document or None, prompt ids, response ids): one row of `rollout_batch`.
+Row = tuple[Document | None, list[int], list[int]]
+
+
+def is_document(prompt: object) -> bool:
+    """True for a list of segments (a prompt with media), False for unified ids."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], SEGMENTS)
+
+
+class PromptLayout:
+    """Lays out a model's prompts and rollouts as group batches (see the module docstring)."""
+
+    def __init__(self, model: UnifiedModel) -> None:
+        self.model = model
+        self.builder = SequenceBuilder(model.vocab, model.backbone.max_seq_len, layout=MediaLayout.of(model))
+
+    @torch.no_grad()
+    def prepare(self, document: Document) -> tuple[Document, list[int]]:
+        """(the document with its media tokenized to codes, its laid-out unified ids)."""
+        if not is_document(document) or not all(isinstance(s, SEGMENTS) for s in document):
+            raise TypeError("a media prompt must be a non-empty list of zoo.datamodules.sequence segments")
+        prepared = [self._tokenize(segment) for segment in document]
+        length = self.builder.length(prepared)
+        if length > self.model.backbone.max_seq_len:
+            raise ValueError(
+                f"prompt of {length} positions exceeds the context of {self.model.backbone.max_seq_len}"
+            )
+        ids = self.builder.layout_rows([[prepared]], length).input_ids[0].tolist()
+        return prepared, ids
+
+    def _tokenize(self, segment: object) -> object:
+        device = next(self.model.parameters()).device
+        if isinstance(segment, VisualSegment) and segment.pixels is not None:
+            tokenizer = self.model.visual_tokenizer
+            if tokenizer is None:
+                raise ValueError("the prompt holds an image or video but the model has no visual_tokenizer")
+            pixels = segment.pixels[None].to(device, next(tokenizer.parameters()).dtype)
+            if not segment.is_video and tokenizer.temporal:
+                pixels = pixels.unsqueeze(2)  # an image is a one-frame video for a 3D tokenizer
+            codes = flatten_scales(tokenizer.encode(pixels))[0].long().cpu()
+            return VisualSegment(codes=codes, predict=False, video=segment.is_video)
+        if isinstance(segment, AudioSegment) and segment.wave is not None:
+            codec = self.model.audio_codec
+            if codec is None:
+                raise ValueError("the prompt holds audio but the model has no audio_codec")
+            wave = segment.wave[None].to(device, next(codec.parameters()).dtype)
+            return AudioSegment(codes=codec.encode(wave)[0].long().cpu(), predict=False)
+        return segment
+
+    def batch(self, rows: Sequence[Row], left: bool) -> GroupBatch:
+        """Prompt + response of every row, one document a row, left- (`left`, for a prefill that continues
+        every row) or right-padded, on the model's device."""
+        device = next(self.model.parameters()).device
+        if all(document is None for document, _, _ in rows):
+            seqs = [prompt + response for _, prompt, response in rows]
+            return text_rows(seqs, self.model.vocab.pad_id, left, device)
+        documents = []
+        for document, prompt, response in rows:
+            if document is None:
+                documents.append([TextSegment(prompt + response, predict=False)])
+            else:
+                tail = [TextSegment(list(response), predict=False)] if response else []
+                documents.append([*document, *tail])
+        length = max(self.builder.length(d) for d in documents)
+        return self.builder.layout_rows([[d] for d in documents], length, left_pad=left).to(device)
+
+
+def text_rows(seqs: list[list[int]], pad_id: int, left: bool, device: torch.device) -> GroupBatch:
+    """Unified-id sequences as a text GroupBatch, one document a row, left- or right-padded."""
+    if left:
+        return text_batch(*left_pad(seqs, pad_id, device))
+    longest = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), longest), pad_id, dtype=torch.long, device=device)
+    doc = torch.full_like(ids, PAD_DOC)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long, device=device)
+        doc[row, : len(seq)] = 0
+    index = torch.arange(longest, device=device).expand(len(seqs), -1).contiguous()
+    return text_batch(ids, doc, index)
+
+
+def continuation_batch(ids: Tensor, t: Tensor, group: Tensor) -> GroupBatch:
+    """One decode step of text: `[R, 1]` ids at time / group `[R, 1]` (each row's next after its last)."""
+    return GroupBatch(
+        input_ids=ids,
+        modality=torch.full_like(ids, int(Modality.TEXT)),
+        group_id=group,
+        doc_id=torch.zeros_like(ids),
+        positions=t.unsqueeze(0).expand(3, -1, -1),
+    )
+
+
+def next_positions(batch: GroupBatch) -> tuple[list[int], list[int]]:
+    """Per row of a prefill batch, the t and the group id of the position after its last."""
+    valid = batch.valid
+    t = torch.where(valid, batch.positions[0], -1).amax(-1) + 1
+    group = torch.where(valid, batch.group_id, -1).amax(-1) + 1
+    return t.tolist(), group.tolist()
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+
+def document_state(document: Document | None) -> list[dict] | None:
+    """A document as plain values and tensors (a `weights_only` load reads it)."""
+    if document is None:
+        return None
+    state = []
+    for s in document:
+        if isinstance(s, TextSegment):
+            state.append({"kind": "text", "ids": list(s.ids), "predict": s.predict})
+        elif isinstance(s, VisualSegment):
+            visual = {"pixels": s.pixels, "codes": s.codes, "video": s.video, "predict": s.predict}
+            state.append({"kind": "visual", **visual})
+        elif isinstance(s, AudioSegment):
+            state.append({"kind": "audio", "wave": s.wave, "codes": s.codes, "predict": s.predict})
+        elif isinstance(s, ContextSegment):
+            state.append({"kind": "context", "pixels": s.pixels})
+        else:
+            raise TypeError(f"unknown segment type {type(s).__name__}")
+    return state
+
+
+def document_from_state(state: list[dict] | None) -> Document | None:
+    if state is None:
+        return None
+    kinds = {"text": TextSegment, "visual": VisualSegment, "audio": AudioSegment, "context": ContextSegment}
+    return [kinds[item["kind"]](**{k: v for k, v in item.items() if k != "kind"}) for item in state]
