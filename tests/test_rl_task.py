@@ -12,7 +12,7 @@ from zoo.cli import ZooCLI
 from zoo.config import to_config
 from zoo.datamodules.sequence import SequenceBuilder, TextSegment
 from zoo.registry import create_model
-from zoo.rl.data import RLDataModule
+from zoo.rl.data import QueryDataModule, RLDataModule
 from zoo.rl.hints import HintSchedule
 from zoo.rl.losses import PolicyLossConfig
 from zoo.rl.schedulers import SyncScheduler, URBScheduler
@@ -294,7 +294,7 @@ def test_bad_rl_arguments_are_refused_by_name():
 def test_every_rl_config_builds_an_rl_task_and_its_datamodule(path: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["zoo"])
     cli = ZooCLI(args=["--config", str(path), f"--trainer.default_root_dir={tmp_path}"], run=False)
-    assert isinstance(cli.model, RLTask) and isinstance(cli.datamodule, RLDataModule)
+    assert isinstance(cli.model, RLTask) and isinstance(cli.datamodule, QueryDataModule)
     assert cli.datamodule.vocab == cli.model.model.vocab
     assert cli.model.loss_config.algorithm in path.stem or path.stem == "urb"
 

@@ -14,10 +14,7 @@ AHRL hints are its prefixes); `difficulty` is the number of objects; `task` name
 
 from __future__ import annotations
 
-import random
-
 from zoo.datamodules.sequence import Document, MediaLayout, TextSegment
-from zoo.datamodules.shapes import stable_seed
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.rl.data import QueryDataModule
 from zoo.rl.prompts import Prompt
@@ -37,8 +34,8 @@ class ShapesCaptionDataModule(QueryDataModule):
     """Media-to-caption RL queries on ShapesWorld scenes (see the module docstring).
 
     Args:
-        tasks: understanding tasks among "image_to_text", "audio_to_text" and "video_to_text"; each query
-            draws one (seeded).
+        tasks: understanding tasks among "image_to_text", "audio_to_text" and "video_to_text"; query i
+            of a split is task i mod len(tasks), so each has an equal share of training and held-out queries.
         vocab: the model's unified vocabulary.
         layout: as the model was pretrained (only `video_frames` is checked against its temporal stride;
             the engine lays prompts out with the model's own tokenizers).
@@ -49,8 +46,7 @@ class ShapesCaptionDataModule(QueryDataModule):
         min_objects: fewest objects per scene.
         max_objects: most objects per scene (as in pretraining: the demo's is 2).
         heldout_split: "val" (unseen scenes) or "test" (unseen colour-shape pairs) for held-out queries.
-        train_size .. val_batch_size: as `QueryDataModule` (`seed` also draws each query's task and the
-            speech voice).
+        train_size .. val_batch_size: as `QueryDataModule` (`seed` also varies the speech voice).
     """
 
     def __init__(
@@ -107,8 +103,7 @@ class ShapesCaptionDataModule(QueryDataModule):
         world_split = self._split(split)
         queries = []
         for index in range(n):
-            rng = random.Random(stable_seed("rl-caption-task", self.seed, world_split, index))
-            task = rng.choice(self.caption_tasks)
+            task = self.caption_tasks[index % len(self.caption_tasks)]  # every modality an equal share
             world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
             scene = world.scene(index, world_split)
             caption = world.caption(scene)
