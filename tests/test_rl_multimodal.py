@@ -1,11 +1,12 @@
-"""RL on prompts with media as a specification: image and speech to caption on ShapesWorld.
+"""RL with media as a specification: image and speech to caption, and caption to image, on ShapesWorld.
 
 The engine lays image/speech prompts out as pretraining did (codes from the frozen tokenizers, t and the
 group id continuing after the media), so in float32 its log-probs are the trainer's, its greedy
 captions are those of `generate_text_after`, continuous batching and re-prefill after a sync change
-nothing, the rollouts survive a weights-only checkpoint, and `RLTask` trains on graded caption rewards
-from a mixed image + speech batch. The model is tiny with untrained tokenizers and a 60-step supervised
-caption warm start (about 10 s), enough for captions that parse and get graded rewards.
+nothing, and the rollouts survive a weights-only checkpoint. Images it draws by NFSP are those of
+`generate_visual`, with the trainer's log-probs per code. `RLTask` trains on graded rewards from a batch
+mixing all three tasks. The model is tiny with untrained tokenizers and a 60-step supervised caption warm
+start (about 10 s), enough for captions that parse and get graded rewards.
 """
 
 from pathlib import Path
@@ -17,9 +18,10 @@ import torch
 from zoo.datamodules.sequence import AudioSegment, MediaLayout, SequenceBuilder, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.models.backbone import UnifiedTransformer
-from zoo.models.media_generation import generate_text_after
+from zoo.models.media_generation import generate_text_after, generate_visual
+from zoo.models.nfsp import flatten_scales
 from zoo.models.unified import UnifiedModel
-from zoo.rl.data_shapes import ShapesCaptionDataModule
+from zoo.rl.data_shapes import ShapesRLDataModule
 from zoo.rl.hints import HintController, HintSchedule
 from zoo.rl.rollout import InferenceEngine, routing_agreement, sequence_logprobs
 from zoo.rl.schedulers import _rollout_from_state, _rollout_state
@@ -42,12 +44,12 @@ def make_model() -> UnifiedModel:
     return UnifiedModel(backbone, vocab, mtp_depth=0, visual_tokenizer=visual, audio_codec=codec)
 
 
-def make_data(model: UnifiedModel, **overrides) -> ShapesCaptionDataModule:
+def make_data(model: UnifiedModel, **overrides) -> ShapesRLDataModule:
     args = dict(
         tasks=TASKS, max_objects=1, train_size=64, heldout_size=8, tokenizer_size=300, steps_per_epoch=4,
         val_batch_size=8,
     )  # fmt: skip
-    return ShapesCaptionDataModule(vocab=model.vocab, layout=MediaLayout.of(model), **{**args, **overrides})
+    return ShapesRLDataModule(vocab=model.vocab, layout=MediaLayout.of(model), **{**args, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,7 @@ def warm_model(state: tuple[dict, str]) -> UnifiedModel:
     return model.eval()
 
 
-def warm_data(model: UnifiedModel, state: tuple[dict, str], **overrides) -> ShapesCaptionDataModule:
+def warm_data(model: UnifiedModel, state: tuple[dict, str], **overrides) -> ShapesRLDataModule:
     from zoo.tokenizers.text import TextTokenizer
 
     data = make_data(model, **overrides)
@@ -116,7 +118,7 @@ def test_caption_queries_are_seeded_disjoint_and_prompt_with_the_scenes_media(wa
     with pytest.raises(TypeError, match="base_prompt"):
         data.base_prompt_ids(train[0])
     with pytest.raises(ValueError, match="tasks must be among"):
-        make_data(model, tasks=("text_to_image",))
+        make_data(model, tasks=("text_to_audio",))  # speech generation is not an RL environment yet
     with pytest.raises(ValueError, match="heldout_split"):
         make_data(model, heldout_split="train")
 
@@ -207,12 +209,38 @@ def test_media_rollouts_round_trip_through_a_weights_only_checkpoint(warm, tmp_p
     assert [r.response_ids for r in restored] == [r.response_ids for r in expected]
 
 
+def test_images_drawn_by_the_engine_are_generate_visuals_with_the_trainers_logprobs_per_code(warm):
+    model = warm_model(warm)
+    data = warm_data(model, warm, tasks=("text_to_image", "image_to_text"))
+    queries = [q for q in data.next_queries(4) if q.task == "caption_to_image"]
+    prompts = [data.encode_prompt(q) for q in queries]
+    assert all(p[-1] == model.vocab.special("<boi>") for p in prompts)
+    greedy = InferenceEngine(model, max_new_tokens=4, temperature=0.0).generate(prompts, queries)
+    reference = flatten_scales(generate_visual(model, prompts, temperature=0.0)) + model.vocab.visual_offset
+    assert [r.response_ids for r in greedy] == reference.tolist()  # whole images, whatever max_new_tokens
+    engine = InferenceEngine(model, max_new_tokens=4, seed=1)
+    mixed = engine.generate([*prompts, data.encode_prompt(data.next_queries(1)[0])], [*queries, queries[0]])
+    images, caption = mixed[:-1], mixed[-1]
+    assert len(caption.response_ids) <= 4
+    assert all(t not in model.vocab.visual_range() for t in caption.response_ids)
+    for r in images:
+        assert r.finished and len(r.response_ids) == model.nfsp.tokens_per_frame == len(r.inf_logprobs)
+        assert all(t in model.vocab.visual_range() for t in r.response_ids)
+        for chosen in r.routing.values():
+            assert chosen.shape == (len(r.prompt_ids) + len(r.response_ids), 2)
+    with torch.no_grad():
+        logprobs, entropy = sequence_logprobs(model, mixed, replay=True, with_entropy=True)
+    assert max_gap(logprobs, [r.inf_logprobs for r in mixed]) < 1e-4
+    assert entropy[0].shape == (model.nfsp.tokens_per_frame,) and float(entropy[0].max()) > 0
+    assert routing_agreement(model, mixed) == 1.0
+
+
 # --- RLTask ------------------------------------------------------------------------------------------
 
 
-def test_rl_steps_on_image_and_speech_captions_train_and_validate_per_modality(warm, tmp_path: Path):
+def test_rl_steps_on_captions_and_images_train_and_validate_per_task(warm, tmp_path: Path):
     model = warm_model(warm).train()
-    data = warm_data(model, warm)
+    data = warm_data(model, warm, tasks=("image_to_text", "audio_to_text", "text_to_image"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     task = RLTask(
         model, rollout=RolloutConfig(max_new_tokens=24), batch_size=4, group_size=4, lr=1e-3,
@@ -237,5 +265,6 @@ def test_rl_steps_on_image_and_speech_captions_train_and_validate_per_modality(w
     assert any(k.startswith("backbone.") for k in moved)
     assert not any(k.startswith(("nfsp.tokenizer.", "ncp.codec.")) for k in moved)  # frozen tokenizers
     metrics = trainer.callback_metrics
-    for name in ("val/reward", "val/image_caption/reward", "val/speech_caption/reward_sampled"):
+    names = ("val/reward", "val/image_caption/reward", "val/speech_caption/reward_sampled")
+    for name in (*names, "val/caption_to_image/reward", "val/caption_to_image/reward_sampled"):
         assert 0.0 <= float(metrics[name]) <= 1.0

@@ -16,7 +16,7 @@ _EXPORTS = {
     "RolloutConfig": "zoo.rl.task",
     "RLDataModule": "zoo.rl.data",
     "QueryDataModule": "zoo.rl.data",
-    "ShapesCaptionDataModule": "zoo.rl.data_shapes",
+    "ShapesRLDataModule": "zoo.rl.data_shapes",
     "PolicyLossConfig": "zoo.rl.losses",
     "MismatchBounds": "zoo.rl.losses",
     "policy_loss": "zoo.rl.losses",

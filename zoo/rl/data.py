@@ -1,7 +1,7 @@
 """RL data: a source of queries for the rollout schedulers, with the tokenizer that turns them into ids.
 
 `QueryDataModule` is the base of what `data:` names in `configs/rl/*.yaml`: `RLDataModule` (text tasks
-with exact answers, here) and `ShapesCaptionDataModule` (image / speech / video to caption,
+with exact answers, here) and `ShapesRLDataModule` (image / speech / video to caption,
 `zoo.rl.data_shapes`). It serves the schedulers (`next_queries`, `encode_prompt`: the `QuerySource`
 protocol of `zoo.rl.schedulers`), the task (the completion text a verifier reads, held-out queries for
 validation) and Lightning (a train loader whose items only count RL steps, a validation loader of

@@ -1,41 +1,49 @@
-"""ShapesWorld understanding as RL environments: an image, a clip or speech in, a caption out (issue 5).
+"""ShapesWorld as RL environments: image, clip or speech to caption, and caption to image (issue 5).
 
-`ShapesCaptionDataModule` serves queries whose prompt is a `Document` with media, laid out as in
-pretraining (`ShapesMultimodalDataModule.understanding_prompt`: `<bos> <boi> image <eoi>`, `<bos> <boa>
-speech <eoa>`, `<bos> <bov> clip <eov>`); the policy writes the caption. The reward is the caption's
-attribute accuracy against the scene (`zoo.rl.verifiers.verify_shapes_caption`: 1.0 iff every
-attribute is right), so a group of G captions of one image gets graded, not only right/wrong, rewards.
-One batch may mix modalities; the router is never told which is which.
+`ShapesRLDataModule` serves, per task:
 
-The query's `answer` and `solution` are the reference caption (the verifier parses the scene from it;
-AHRL hints are its prefixes); `difficulty` is the number of objects; `task` names the verifier
-("image_caption", "speech_caption", "video_caption") so validation reports each modality apart.
+- understanding ("image_to_text", "audio_to_text", "video_to_text"): the prompt is a `Document` with
+  media laid out as in pretraining (`ShapesMultimodalDataModule.understanding_prompt`: `<bos> <boi> image
+  <eoi>`, `<bos> <boa> speech <eoa>`, `<bos> <bov> clip <eov>`); the policy writes the caption, rewarded
+  with its attribute accuracy against the scene (`zoo.rl.verifiers.verify_shapes_caption`);
+- generation ("text_to_image"): the prompt is `<bos> caption <boi>`; the policy draws the image by NFSP
+  (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `shapes_render.verify_image` reads
+  back from the decoded pixels (`verify_shapes_image`).
+
+Rewards are graded (1.0 iff every attribute is right), so the G responses of a query rarely tie. One
+batch mixes tasks; the router is never told which modality is which.
+
+The query's `answer` and `solution` are the reference caption (the verifiers parse the scene from it;
+AHRL hints, for captions only, are its prefixes); `difficulty` is the number of objects; `task` names
+the verifier ("image_caption", "speech_caption", "video_caption", "caption_to_image") so that validation
+reports each apart.
 """
 
 from __future__ import annotations
 
-from zoo.datamodules.sequence import Document, MediaLayout, TextSegment
+from zoo.datamodules.sequence import MediaLayout, TextSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.rl.data import QueryDataModule
-from zoo.rl.prompts import Prompt
+from zoo.rl.prompts import Prompt, is_document
 from zoo.rl.verifiers import Query
 from zoo.tokenizers.vocab import UnifiedVocab
 
-# Understanding task of the pretraining data -> the verifier task its queries carry.
-CAPTION_TASKS = {
+# Task of the pretraining data -> the verifier task its queries carry.
+TASKS = {
     "image_to_text": "image_caption",
     "audio_to_text": "speech_caption",
     "video_to_text": "video_caption",
+    "text_to_image": "caption_to_image",
 }
-_DOCUMENT_CACHE = 4096  # rendered prompts kept (speech is ~100 KB a prompt)
+_PROMPT_CACHE = 4096  # prompts kept (rendered speech is ~100 KB a prompt)
 
 
-class ShapesCaptionDataModule(QueryDataModule):
-    """Media-to-caption RL queries on ShapesWorld scenes (see the module docstring).
+class ShapesRLDataModule(QueryDataModule):
+    """ShapesWorld RL queries: media to caption and caption to image (see the module docstring).
 
     Args:
-        tasks: understanding tasks among "image_to_text", "audio_to_text" and "video_to_text"; query i
-            of a split is task i mod len(tasks), so each has an equal share of training and held-out queries.
+        tasks: among "image_to_text", "audio_to_text", "video_to_text" and "text_to_image"; query i of a
+            split is task i mod len(tasks), so each has an equal share of training and held-out queries.
         vocab: the model's unified vocabulary.
         layout: as the model was pretrained (only `video_frames` is checked against its temporal stride;
             the engine lays prompts out with the model's own tokenizers).
@@ -72,17 +80,18 @@ class ShapesCaptionDataModule(QueryDataModule):
         super().__init__(
             vocab, train_size, heldout_size, seed, tokenizer, tokenizer_size, steps_per_epoch, val_batch_size
         )
-        unknown = [t for t in tasks if t not in CAPTION_TASKS]
+        unknown = [t for t in tasks if t not in TASKS]
         if not tasks or unknown:
-            raise ValueError(f"tasks must be among {sorted(CAPTION_TASKS)}, got {list(tasks)}")
+            raise ValueError(f"tasks must be among {sorted(TASKS)}, got {list(tasks)}")
         if heldout_split not in ("val", "test"):
             raise ValueError(f"heldout_split must be 'val' or 'test', got {heldout_split!r}")
-        self.caption_tasks = tuple(tasks)
+        self.task_names = tuple(tasks)
         self.heldout_split = heldout_split
         # The pretraining data module renders exactly what the model learnt from.
         self.scenes = ShapesMultimodalDataModule(
             vocab=vocab,
             layout=layout,
+            text_to_image_weight=float("text_to_image" in tasks),
             image_to_text_weight=float("image_to_text" in tasks),
             video_to_text_weight=float("video_to_text" in tasks),
             audio_to_text_weight=float("audio_to_text" in tasks),
@@ -94,7 +103,7 @@ class ShapesCaptionDataModule(QueryDataModule):
             max_objects=max_objects,
             seed=seed,
         )
-        self._documents: dict[str, Document] = {}
+        self._prompts: dict[str, Prompt] = {}
 
     def _split(self, split: str) -> str:
         return "train" if split == "train" else self.heldout_split
@@ -103,12 +112,12 @@ class ShapesCaptionDataModule(QueryDataModule):
         world_split = self._split(split)
         queries = []
         for index in range(n):
-            task = self.caption_tasks[index % len(self.caption_tasks)]  # every modality an equal share
+            task = self.task_names[index % len(self.task_names)]  # every modality an equal share
             world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
             scene = world.scene(index, world_split)
             caption = world.caption(scene)
             query_id = f"{task}/{world_split}/{index}"
-            queries.append(Query(query_id, "", caption, caption, CAPTION_TASKS[task], len(scene.objects)))
+            queries.append(Query(query_id, "", caption, caption, TASKS[task], len(scene.objects)))
         return queries
 
     def training_texts(self) -> list[str]:
@@ -117,23 +126,32 @@ class ShapesCaptionDataModule(QueryDataModule):
         return [world.caption(s) for s in world.scenes("train", max(self.train_size, 4096))]
 
     def base_prompt(self, query: Query) -> Prompt:
-        """`<bos>` + the media of the query's scene, as a Document (rendered once, then cached)."""
-        if query.id not in self._documents:
+        """Understanding: `<bos>` + the media of the query's scene, as a Document. Generation: the unified
+        ids of `<bos> caption <boi>`. Made once, then cached."""
+        if query.id not in self._prompts:
             task, split, index = query.id.split("/")
-            world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
-            scene = world.scene(int(index), split)
-            if len(self._documents) >= _DOCUMENT_CACHE:
-                self._documents.pop(next(iter(self._documents)))
-            self._documents[query.id] = self.scenes.understanding_prompt(task, scene, int(index), split)
-        return self._documents[query.id]
+            if len(self._prompts) >= _PROMPT_CACHE:
+                self._prompts.pop(next(iter(self._prompts)))
+            if task == "text_to_image":
+                opener = self.vocab.special("<boi>")
+                self._prompts[query.id] = [self.vocab.bos_id, *self.encode_text(query.answer), opener]
+            else:
+                world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
+                scene = world.scene(int(index), split)
+                self._prompts[query.id] = self.scenes.understanding_prompt(task, scene, int(index), split)
+        return self._prompts[query.id]
 
     def base_prompt_ids(self, query: Query) -> list[int]:
-        raise TypeError(
-            "ShapesCaptionDataModule prompts hold media: use base_prompt (a Document), laid out by the model"
-        )
+        prompt = self.base_prompt(query)
+        if is_document(prompt):
+            raise TypeError(f"query {query.id}: its prompt holds media; use base_prompt (a Document)")
+        return prompt
 
     def encode_prompt(self, query: Query) -> Prompt:
-        """The media document, then the AHRL hint of the current step (a prefix of the caption) as text."""
-        document = self.base_prompt(query)
+        """The base prompt; for a caption, then the AHRL hint of the current step (a prefix of the caption)
+        as text. Images get no hint."""
+        prompt = self.base_prompt(query)
+        if not is_document(prompt):
+            return prompt
         hint = self.hint_ids(query)
-        return [*document, TextSegment(hint, predict=False)] if hint else document
+        return [*prompt, TextSegment(hint, predict=False)] if hint else prompt

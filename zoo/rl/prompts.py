@@ -9,8 +9,14 @@ tasks) or a `Document` (`zoo.datamodules.sequence`) whose segments carry media. 
   images stay pixels: the vision encoder is trained with the policy.
 - the rollout's `prompt_ids` are the document's laid-out input ids (`pad_id` where media sit), so
   lengths, response offsets and recorded routing index positions exactly as for text prompts.
-- `rollout_batch` lays out rows of prompt + response: the response continues the document as text, one
-  group a token, t and the group id going on after the prompt's last (as `generate_text_after` decodes).
+- `PromptLayout.batch` lays out rows of prompt + response: the response continues the document as text,
+  one group a token, t and the group id going on after the prompt's last (as `generate_text_after`
+  decodes).
+
+A prompt of unified ids ending with `<boi>` asks for an image (`asks_for_image`, when the model has a
+visual tokenizer): its response is the image's NFSP codes as unified visual ids, coarse scale to fine,
+laid out for the trainer as the `VisualSegment` pretraining used (one group a scale on the finest grid),
+without its closing `<eoi>`, which no policy decision produced.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from zoo.datamodules.sequence import (
     VisualSegment,
 )
 from zoo.models.generation import left_pad, text_batch
-from zoo.models.nfsp import flatten_scales
+from zoo.models.nfsp import flatten_scales, unflatten_scales
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
@@ -46,6 +52,17 @@ Row = tuple[Document | None, list[int], list[int]]
 def is_document(prompt: object) -> bool:
     """True for a list of segments (a prompt with media), False for unified ids."""
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], SEGMENTS)
+
+
+def asks_for_image(model: UnifiedModel, prompt_ids: list[int]) -> bool:
+    """A text prompt ending with `<boi>` to a model with a visual tokenizer: the response is an image."""
+    return model.nfsp is not None and bool(prompt_ids) and prompt_ids[-1] == model.vocab.special("<boi>")
+
+
+def image_codes(model: UnifiedModel, response_ids: list[int]) -> list[Tensor]:
+    """An image response's unified visual ids -> the tokenizer's codes per scale `[1, 1, s, s]`."""
+    codes = torch.tensor(response_ids, dtype=torch.long) - model.vocab.visual_offset
+    return unflatten_scales(codes[None], model.nfsp.scales, 1)
 
 
 class PromptLayout:
@@ -92,18 +109,31 @@ class PromptLayout:
         """Prompt + response of every row, one document a row, left- (`left`, for a prefill that continues
         every row) or right-padded, on the model's device."""
         device = next(self.model.parameters()).device
-        if all(document is None for document, _, _ in rows):
+        images = [bool(response) and asks_for_image(self.model, prompt) for _, prompt, response in rows]
+        if all(document is None for document, _, _ in rows) and not any(images):
             seqs = [prompt + response for _, prompt, response in rows]
             return text_rows(seqs, self.model.vocab.pad_id, left, device)
         documents = []
-        for document, prompt, response in rows:
-            if document is None:
+        for (document, prompt, response), image in zip(rows, images, strict=True):
+            if image:
+                if left:
+                    raise ValueError("an image response is laid out for the trainer only (right padding)")
+                codes = torch.tensor(response, dtype=torch.long) - self.model.vocab.visual_offset
+                # VisualSegment writes the prompt's closing <boi> itself.
+                documents.append([TextSegment(prompt[:-1], predict=False), VisualSegment(codes=codes)])
+            elif document is None:
                 documents.append([TextSegment(prompt + response, predict=False)])
             else:
                 tail = [TextSegment(list(response), predict=False)] if response else []
                 documents.append([*document, *tail])
         length = max(self.builder.length(d) for d in documents)
-        return self.builder.layout_rows([[d] for d in documents], length, left_pad=left).to(device)
+        batch = self.builder.layout_rows([[d] for d in documents], length, left_pad=left)
+        for row, ((_, prompt, response), image) in enumerate(zip(rows, images, strict=True)):
+            if image:  # the closing <eoi> is no decision of the policy: out of the sequence
+                end = len(prompt) + len(response)
+                batch.doc_id[row, end] = PAD_DOC
+                batch.modality[row, end] = int(Modality.PAD)
+        return batch.to(device)
 
 
 def text_rows(seqs: list[list[int]], pad_id: int, left: bool, device: torch.device) -> GroupBatch:

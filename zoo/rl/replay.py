@@ -17,7 +17,7 @@ from torch import Tensor
 
 from zoo.batch import GroupBatch
 from zoo.parallel import gathered
-from zoo.rl.prompts import PromptLayout
+from zoo.rl.prompts import PromptLayout, asks_for_image
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
@@ -35,7 +35,9 @@ def sequence_logprobs(
     """The trainer's log-probs of each rollout's response tokens (prompt and hint excluded).
 
     Entry t of rollout i is log p(response[t] | prompt + response[:t]) under `log_softmax(logits /
-    temperature)`, aligned with `Rollout.inf_logprobs` (temperature 0 means 1, as in the engine).
+    temperature)`, aligned with `Rollout.inf_logprobs` (temperature 0 means 1, as in the engine). For an
+    image response (`zoo.rl.prompts.asks_for_image`) the NFSP head gives them instead: each code is
+    predicted at its own position, from the coarser scales and the prompt.
     replay: Rollout Router Replay: every MoE layer uses the rollout's recorded expert sets while the gate
     weights over them come from the live router (`Router(forced_indices=...)`), so the router still
     learns. grad: None follows `torch.is_grad_enabled()`; False computes without a graph.
@@ -47,25 +49,34 @@ def sequence_logprobs(
     device = next(model.parameters()).device
     batch = _full_sequences(model, rollouts)
     routing = _replay_routing(model, rollouts) if replay else None
-    # Position P-1+t predicts response token t: right padding keeps each row's predictors contiguous.
-    picked = torch.zeros_like(batch.input_ids, dtype=torch.bool)
-    targets = []
-    for row, r in enumerate(rollouts):
-        start = len(r.prompt_ids) - 1
-        picked[row, start : start + len(r.response_ids)] = True
-        targets += r.response_ids
+    # Text: position P-1+t predicts response token t. Image: code t sits (and is predicted) at P+t. Right
+    # padding keeps each row's predictors contiguous, so a row-major selection is rollout after rollout.
+    images = [asks_for_image(model, r.prompt_ids) for r in rollouts]
+    picked = {kind: torch.zeros_like(batch.input_ids, dtype=torch.bool) for kind in (False, True)}
+    targets: dict[bool, list[int]] = {False: [], True: []}
+    offset = model.vocab.visual_offset
+    for row, (r, image) in enumerate(zip(rollouts, images, strict=True)):
+        start = len(r.prompt_ids) - (0 if image else 1)
+        picked[image][row, start : start + len(r.response_ids)] = True
+        targets[image] += [t - offset for t in r.response_ids] if image else r.response_ids
     enabled = torch.is_grad_enabled() if grad is None else grad
+    scale = temperature if temperature > 0 else 1.0
     with torch.set_grad_enabled(enabled), gathered(model):
         hidden = model.backbone(model.embed(batch), batch, routing=routing).hidden
-        logits = model.text_head.logits(hidden[picked]).float()
-        logp = (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
-        chosen = logp.gather(-1, torch.tensor(targets, device=device)[:, None])[:, 0]
-        sizes = [len(r.response_ids) for r in rollouts]
-        logprobs = list(chosen.split(sizes))
+        per_kind = {}
+        for image in (False, True):
+            if image not in images:
+                continue
+            head = model.nfsp.logits if image else model.text_head.logits
+            logp = (head(hidden[picked[image]]).float() / scale).log_softmax(-1)
+            chosen = logp.gather(-1, torch.tensor(targets[image], device=device)[:, None])[:, 0]
+            sizes = [len(r.response_ids) for r, kind in zip(rollouts, images, strict=True) if kind == image]
+            entropy = -(logp.exp() * logp).sum(-1) if with_entropy else chosen
+            per_kind[image] = (iter(chosen.split(sizes)), iter(entropy.split(sizes)))
+        logprobs = [next(per_kind[image][0]) for image in images]
         if not with_entropy:
             return logprobs
-        entropy = -(logp.exp() * logp).sum(-1)
-        return logprobs, list(entropy.split(sizes))
+        return logprobs, [next(per_kind[image][1]) for image in images]
 
 
 def _full_sequences(model: UnifiedModel, rollouts: list[Rollout]) -> GroupBatch:

@@ -15,7 +15,10 @@ the trainer's at the old weights l_old and the trainer's now l. This file holds:
   tokens, optionally with Rollout Router Replay (R3).
 
 A prompt is unified ids laid out as text, or a `Document` with media (image, clip or speech to caption):
-`zoo.rl.prompts` tokenizes its media once and lays rows out; the response continues it as text.
+`zoo.rl.prompts` tokenizes its media once and lays rows out; the response continues it as text. A text
+prompt ending with `<boi>` asks for an image: the engine generates it by NFSP as the model was trained,
+one backbone step per scale with all of the scale's codes sampled at once, and records l_inf and the
+routing of every code; an image is complete the step it is admitted (it never waits in the batch).
 
 l_inf is `log_softmax(logits / temperature)` of the sampled token: the engine's temperature-scaled
 distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 = greedy records
@@ -34,13 +37,20 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from zoo.batch import PAD_DOC
+from zoo.batch import PAD_DOC, GroupBatch, Modality
 from zoo.datamodules.sequence import Document
 from zoo.models.backbone import KVCache
 from zoo.models.generation import sample_next
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import fp8_module_filter, is_sharded
-from zoo.rl.prompts import Prompt, PromptLayout, continuation_batch, is_document, next_positions
+from zoo.rl.prompts import (
+    Prompt,
+    PromptLayout,
+    asks_for_image,
+    continuation_batch,
+    is_document,
+    next_positions,
+)
 
 if TYPE_CHECKING:
     from zoo.rl.verifiers import Query
@@ -309,7 +319,11 @@ class InferenceEngine:
                     f"{self.model.backbone.max_seq_len} (max_seq_len)"
                 )
             budget = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
-            budget = min(budget, self.model.backbone.max_seq_len - len(r.prompt_ids))
+            room = self.model.backbone.max_seq_len - len(r.prompt_ids)
+            budget = min(budget, room)
+            if asks_for_image(self.model, r.prompt_ids):  # an image is whole or nothing, whatever the budget
+                codes = self.model.nfsp.tokens_per_frame
+                budget = codes if room >= codes else 0
             routing: dict[int, list[Tensor]] = {}
             if self.record_routing:
                 old = r.routing or {}
@@ -379,7 +393,7 @@ class InferenceEngine:
         for _ in range(n_steps):
             if not self.pending:
                 break
-            self._admit()
+            completed += self._admit()
             completed += self._retire()  # rows the prefill completed (no room left, resumed at the end)
             if self._active:
                 self._decode()
@@ -387,11 +401,15 @@ class InferenceEngine:
         self.stats.busy_s += time.perf_counter() - begin
         return completed
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Rollout]:
+        """Prefill the queued rows that fit; returns the image rollouts, generated whole here."""
         free = len(self._waiting) if self.max_batch is None else self.max_batch - len(self._active)
         rows, self._waiting = self._waiting[: max(free, 0)], self._waiting[max(free, 0) :]
+        images = [r for r in rows if not r.done and asks_for_image(self.model, r.rollout.prompt_ids)]
+        completed = self._generate_images(images) if images else []
+        rows = [r for r in rows if not any(r is image for image in images)]
         if not rows:
-            return
+            return completed
         seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
         parts = [(r.rollout.prompt_document, r.rollout.prompt_ids, r.rollout.response_ids) for r in rows]
         batch = self.layout.batch(parts, left=True)
@@ -413,6 +431,64 @@ class InferenceEngine:
         if sample:
             self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
         self._merge(rows, cache)
+        return completed
+
+    def _generate_images(self, rows: list[_Row]) -> list[Rollout]:
+        """NFSP generation of one image per row, as `zoo.models.media_generation.generate_visual` (no
+        guidance): prefill, then per scale one backbone step whose s*s positions form one group on the
+        finest grid, their codes sampled at once. The response is the codes as unified visual ids."""
+        model, nfsp = self.model, self.model.nfsp
+        batch = self.layout.batch([(None, r.rollout.prompt_ids, []) for r in rows], left=True)
+        n, finest = len(rows), nfsp.scales[-1]
+        cache = model.backbone.new_cache(n, batch.seq_len + nfsp.tokens_per_frame)
+        out = model.backbone(model.embed(batch), batch, cache=cache)
+        self.stats.prefill_tokens += sum(len(r.rollout.prompt_ids) for r in rows)
+        if self.record_routing:
+            offsets = [0]
+            for r in rows:
+                offsets.append(offsets[-1] + len(r.rollout.prompt_ids))
+            for i, row in enumerate(rows):
+                for layer, chosen in out.routing.items():
+                    row.routing[layer].append(chosen[offsets[i] : offsets[i + 1]])
+        t0, group = (torch.tensor(v, device=self.device) for v in next_positions(batch))
+        codes: list[Tensor] = []
+        for k, side in enumerate(nfsp.scales):
+            known = [*codes, torch.zeros(n, 1, side, side, dtype=torch.long, device=self.device)]
+            features = nfsp.tokenizer.scale_inputs(known)[k][:, 0].flatten(1, 2)
+            x = nfsp.embed_features(features, torch.full((n, side * side), k, device=self.device))
+            # Infinity's layout: cell i of a side-s grid sits at the centre of its cells on the finest grid.
+            cells = [(i * finest + finest // 2) // side for i in range(side)]
+            coords = torch.tensor(cells, device=self.device)
+            h = t0[:, None] + coords.repeat_interleave(side)[None]
+            w = t0[:, None] + coords.repeat(side)[None]
+            step = GroupBatch(
+                input_ids=torch.zeros_like(h),
+                modality=torch.full_like(h, int(Modality.IMAGE)),
+                group_id=(group + k)[:, None].expand_as(h),
+                doc_id=torch.zeros_like(h),
+                positions=torch.stack([t0[:, None].expand_as(h), h, w]),
+            )
+            out = model.backbone(x, step, cache=cache)
+            if self.record_routing:
+                for layer, chosen in out.routing.items():
+                    for i, row in enumerate(rows):
+                        row.routing[layer].append(chosen[i * side * side : (i + 1) * side * side])
+            logits = nfsp.logits(out.hidden).float().flatten(0, 1)
+            tokens = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
+            scaled = logits / (self.temperature if self.temperature > 0 else 1.0)
+            logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].view(n, -1).tolist()
+            codes.append(tokens.view(n, 1, side, side))
+            for row, values in zip(rows, logprobs, strict=True):
+                row.logprobs += values
+            self.stats.steps += 1
+            self.stats.row_steps += n
+        ids = (torch.cat([c.flatten(1) for c in codes], dim=1) + model.vocab.visual_offset).tolist()
+        for row, response in zip(rows, ids, strict=True):
+            row.rollout.response_ids = response
+            row.rollout.versions = [self.version] * len(response)
+            row.rollout.finished = row.done = True
+        self.stats.tokens += n * nfsp.tokens_per_frame
+        return [self._export(row) for row in rows]
 
     def _decode(self, sample: bool = True) -> None:
         rows = self._active

@@ -20,8 +20,11 @@ Validation generates on held-out queries with the trained model: `val/accuracy` 
 them (graded rewards such as caption attribute accuracy) and, when the held-out queries span several
 verifier tasks (image, speech and video captions), each task's under `val/<task>/...`.
 
-Prompts may hold media (`zoo.rl.data_shapes.ShapesCaptionDataModule`: image, speech or clip to caption):
+Prompts may hold media (`zoo.rl.data_shapes.ShapesRLDataModule`: image, speech or clip to caption):
 the engine, the trainer's log-probs and validation lay them out as pretraining did (`zoo.rl.prompts`).
+A prompt ending with `<boi>` asks for an image: the engine draws it by NFSP, the verifier scores the
+pixels the frozen tokenizer decodes from its codes, and the loss covers its codes (IMAGE tokens, with
+their own IcePop bounds).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from torch import Tensor
 
 from zoo.config import save_config_hyperparameters
 from zoo.datamodules.sequence import TextSegment
-from zoo.models.media_generation import generate_text_after
+from zoo.models.media_generation import generate_text_after, generate_visual
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data import QueryDataModule
 from zoo.rl.hints import HintController, HintSchedule
@@ -53,7 +56,7 @@ from zoo.rl.losses import (
     policy_loss,
     wpsm_weights,
 )
-from zoo.rl.prompts import Prompt, PromptLayout, is_document
+from zoo.rl.prompts import Prompt, PromptLayout, asks_for_image, image_codes, is_document
 from zoo.rl.replay import sequence_logprobs
 from zoo.rl.rollout import InferenceEngine, Precision, Rollout
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
@@ -221,7 +224,7 @@ class RLTask(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if not isinstance(datamodule, QueryDataModule):
             raise TypeError(
-                f"RLTask needs a QueryDataModule (RLDataModule, ShapesCaptionDataModule) as data, "
+                f"RLTask needs a QueryDataModule (RLDataModule, ShapesRLDataModule) as data, "
                 f"got {type(datamodule).__name__}"
             )
         return datamodule
@@ -284,8 +287,21 @@ class RLTask(L.LightningModule):
         """The scheduler's `on_complete`: queue the verifier call of a rollout the engine just finished."""
         source = self.source
         rollout.hint_len = len(rollout.prompt_ids) - self._base_length(rollout.query)
-        text = source.completion_text(rollout.prompt_ids, rollout.response_ids, rollout.hint_len)
-        self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, text)
+        if asks_for_image(self.model, rollout.prompt_ids):
+            output = self._decode_image(rollout.response_ids)
+        else:
+            output = source.completion_text(rollout.prompt_ids, rollout.response_ids, rollout.hint_len)
+        self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, output)
+
+    @torch.no_grad()
+    def _decode_image(self, response_ids: list[int]) -> object:
+        """The pixels (float `[3, H, W]` numpy in [-1, 1]) of an image response; no codes (a prompt that
+        left no room) decode to a blank canvas, which shows no object."""
+        if not response_ids:
+            size = self.model.visual_tokenizer.image_size
+            return torch.full((3, size, size), -1.0).numpy()
+        codes = [c.to(self.device) for c in image_codes(self.model, response_ids)]
+        return self.model.nfsp.decode(codes)[0].float().cpu().numpy()
 
     def _base_length(self, query: object) -> int:
         """Positions of the query's prompt without a hint, as the engine lays it out."""
@@ -463,15 +479,13 @@ class RLTask(L.LightningModule):
     def validation_step(self, batch: list, batch_idx: int) -> None:
         source = self.source
         prompts = [source.base_prompt(q) for q in batch]
-        greedy = self._generate(prompts, temperature=0.0)
+        greedy = self._respond(prompts, temperature=0.0)
         # Also sampled as the engine samples (what the RL objective optimises), with a fixed seed per batch.
         generator = torch.Generator(self.device).manual_seed(batch_idx)
-        sampled = self._generate(prompts, self.rollout_config.temperature, generator)
+        sampled = self._respond(prompts, self.rollout_config.temperature, generator)
         tasks = sorted({q.task for q in source.heldout_queries()})
         for name, outputs in (("", greedy), ("_sampled", sampled)):
-            rewards = torch.tensor(
-                [_safe_verify(q, source.decode(ids)) for q, ids in zip(batch, outputs, strict=True)]
-            )
+            rewards = torch.tensor([_safe_verify(q, out) for q, out in zip(batch, outputs, strict=True)])
             self._log_rewards("val", name, rewards, prog_bar=not name)
             if len(tasks) > 1:
                 for task in tasks:
@@ -484,10 +498,32 @@ class RLTask(L.LightningModule):
         accuracy = (rewards >= 1.0).float().mean()
         self.log(f"{prefix}/accuracy{name}", accuracy, batch_size=len(rewards), prog_bar=prog_bar)
 
+    def _respond(
+        self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None
+    ) -> list[object]:
+        """What the verifiers read from the trained model (not the engine): completion texts, and pixels
+        for prompts that ask for an image."""
+        images = [not is_document(p) and asks_for_image(self.model, p) for p in prompts]
+        outputs: list[object] = [None] * len(prompts)
+        text = [i for i, image in enumerate(images) if not image]
+        if text:
+            responses = self._generate([prompts[i] for i in text], temperature, generator)
+            for i, ids in zip(text, responses, strict=True):
+                outputs[i] = self.source.decode(ids)
+        drawn = [i for i, image in enumerate(images) if image]
+        if drawn:
+            c = self.rollout_config
+            asked = [prompts[i] for i in drawn]
+            codes = generate_visual(self.model, asked, 1, 0.0, temperature, c.top_k, c.top_p, generator)
+            pixels = self.model.nfsp.decode(codes).float().cpu().numpy()
+            for j, i in enumerate(drawn):
+                outputs[i] = pixels[j]
+        return outputs
+
     def _generate(
         self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None
     ) -> list[list[int]]:
-        """Responses of the trained model (not the engine) to unified-id or media prompts."""
+        """Text responses of the trained model to unified-id or media prompts."""
         c, budget = self.rollout_config, self.val_max_new_tokens
         if not any(is_document(p) for p in prompts):
             return self.model.generate(prompts, budget, temperature, c.top_k, c.top_p, generator=generator)
@@ -534,9 +570,9 @@ class RLTask(L.LightningModule):
                 self._engine_rng = state["engine_rng"]
 
 
-def _safe_verify(query: object, text: str) -> float:
+def _safe_verify(query: object, output: object) -> float:
     try:
-        value = float(verifier_for(query.task)(query, text))
+        value = float(verifier_for(query.task)(query, output))
     except Exception:  # a held-out verifier failure costs the sample, not the run
         return 0.0
     return value if math.isfinite(value) else 0.0

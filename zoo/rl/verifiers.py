@@ -129,6 +129,7 @@ VERIFIERS: dict[str, Callable[[Query, Any], float]] = {
     "image_caption": verify_shapes_caption,
     "speech_caption": verify_shapes_caption,
     "video_caption": verify_shapes_caption,
+    "caption_to_image": verify_shapes_image,
     "shapes_image": verify_shapes_image,
     "shapes_video": verify_shapes_video,
     "shapes_speech": verify_shapes_speech,
