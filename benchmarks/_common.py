@@ -103,24 +103,14 @@ def time_interleaved(
 
 
 def load_checkpoint(path: str) -> tuple[UnifiedModel, dict, str]:
-    """(model in eval mode, the raw checkpoint dict, how it was loaded).
+    """(model in eval mode, the raw checkpoint dict, how it was loaded), all read with `weights_only=True`:
+    the model is rebuilt from the checkpoint's config by `zoo.hub.load_lightning_checkpoint` (nothing is
+    unpickled); the raw dict carries the step count and the datamodule state (the tokenizer)."""
+    from zoo.hub import load_lightning_checkpoint
 
-    `UnifiedPretraining.load_from_checkpoint` first: it rebuilds the model from the saved hyperparameters
-    (LightningCLI stores class paths; a directly constructed module pickles the model itself). The raw
-    dict, read separately, carries the datamodule state (the tokenizer) for making prompts.
-    """
-    from zoo.tasks.pretrain import UnifiedPretraining
-
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-        raw_how = "weights_only=True"
-    except Exception as error:  # noqa: BLE001 (pickled module objects in hyper_parameters)
-        log(f"torch.load(weights_only=True) refused {path}: {type(error).__name__}: {str(error)[:200]}")
-        raw = torch.load(path, map_location="cpu", weights_only=False)
-        raw_how = "weights_only=False"
-    module = UnifiedPretraining.load_from_checkpoint(path, map_location="cpu")
-    model = module.model.eval()
-    return model, raw, f"UnifiedPretraining.load_from_checkpoint (raw dict: torch.load {raw_how})"
+    model, _ = load_lightning_checkpoint(path)
+    raw = torch.load(path, map_location="cpu", weights_only=True)
+    return model.eval(), raw, "zoo.hub.load_lightning_checkpoint (weights_only=True)"
 
 
 def emit(result: dict[str, object]) -> None:

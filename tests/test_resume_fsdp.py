@@ -102,7 +102,7 @@ def test_a_two_process_fsdp_run_killed_mid_epoch_resumes_from_its_dcp_checkpoint
         kill_group(killed)
     last = checkpoints / "last.ckpt"
     assert last.is_dir(), "FSDP2 saves a distributed checkpoint: a folder of shards"
-    saved_step = torch.load(last / "meta.pt", map_location="cpu", weights_only=False)["global_step"]
+    saved_step = torch.load(last / "meta.pt", map_location="cpu", weights_only=True)["global_step"]
     assert saved_step % STEPS_PER_EPOCH != 0 and saved_step < HANG_AT, "the checkpoint must be mid-epoch"
 
     resumed = start(fit_command(tmp_path, "resumed", f"--ckpt_path={last}"), tmp_path, "resumed")

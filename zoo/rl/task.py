@@ -34,6 +34,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -501,38 +502,11 @@ class RLTask(L.LightningModule):
     def _respond(
         self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None
     ) -> list[object]:
-        """What the verifiers read from the trained model (not the engine): completion texts, and pixels
-        for prompts that ask for an image."""
-        images = [not is_document(p) and asks_for_image(self.model, p) for p in prompts]
-        outputs: list[object] = [None] * len(prompts)
-        text = [i for i, image in enumerate(images) if not image]
-        if text:
-            responses = self._generate([prompts[i] for i in text], temperature, generator)
-            for i, ids in zip(text, responses, strict=True):
-                outputs[i] = self.source.decode(ids)
-        drawn = [i for i, image in enumerate(images) if image]
-        if drawn:
-            c = self.rollout_config
-            asked = [prompts[i] for i in drawn]
-            codes = generate_visual(self.model, asked, 1, 0.0, temperature, c.top_k, c.top_p, generator)
-            pixels = self.model.nfsp.decode(codes).float().cpu().numpy()
-            for j, i in enumerate(drawn):
-                outputs[i] = pixels[j]
-        return outputs
-
-    def _generate(
-        self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None
-    ) -> list[list[int]]:
-        """Text responses of the trained model to unified-id or media prompts."""
-        c, budget = self.rollout_config, self.val_max_new_tokens
-        if not any(is_document(p) for p in prompts):
-            return self.model.generate(prompts, budget, temperature, c.top_k, c.top_p, generator=generator)
-        layout = PromptLayout(self.model)
-        documents = [p if is_document(p) else [TextSegment(p, predict=False)] for p in prompts]
-        batch = layout.builder.collate_prompts(documents).to(self.device)
-        return generate_text_after(
-            self.model, batch, budget, temperature, c.top_k, c.top_p, generator=generator
-        )
+        c = self.rollout_config
+        return respond(
+            self.model, prompts, self.source.decode, self.val_max_new_tokens, temperature, c.top_k, c.top_p,
+            generator,
+        )  # fmt: skip
 
     # -- optimisation and checkpoints -------------------------------------------------------------------
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
@@ -568,6 +542,46 @@ class RLTask(L.LightningModule):
             if "scheduler" in state:  # older checkpoints had neither
                 self.scheduler.load_checkpoint_state(state["scheduler"])
                 self._engine_rng = state["engine_rng"]
+
+
+@torch.no_grad()
+def respond(
+    model: UnifiedModel,
+    prompts: list[Prompt],
+    decode: Callable[[list[int]], str],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> list[object]:
+    """What verifiers read from `model` (not an engine) for each prompt: the completion text (`decode` of
+    the response ids) of unified-id or media prompts, the pixels (float `[3, H, W]` numpy) of prompts that
+    ask for an image (NFSP, no guidance). temperature 0 is greedy."""
+    device = next(model.parameters()).device
+    images = [not is_document(p) and asks_for_image(model, p) for p in prompts]
+    outputs: list[object] = [None] * len(prompts)
+    text = [i for i, image in enumerate(images) if not image]
+    if text:
+        asked = [prompts[i] for i in text]
+        if any(is_document(p) for p in asked):
+            documents = [p if is_document(p) else [TextSegment(p, predict=False)] for p in asked]
+            batch = PromptLayout(model).builder.collate_prompts(documents).to(device)
+            responses = generate_text_after(
+                model, batch, max_new_tokens, temperature, top_k, top_p, generator=generator
+            )
+        else:
+            responses = model.generate(asked, max_new_tokens, temperature, top_k, top_p, generator=generator)
+        for i, ids in zip(text, responses, strict=True):
+            outputs[i] = decode(ids)
+    drawn = [i for i, image in enumerate(images) if image]
+    if drawn:
+        asked = [prompts[i] for i in drawn]
+        codes = generate_visual(model, asked, 1, 0.0, temperature, top_k, top_p, generator)
+        pixels = model.nfsp.decode(codes).float().cpu().numpy()
+        for j, i in enumerate(drawn):
+            outputs[i] = pixels[j]
+    return outputs
 
 
 def _safe_verify(query: object, output: object) -> float:
