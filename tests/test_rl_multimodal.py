@@ -235,6 +235,20 @@ def test_images_drawn_by_the_engine_are_generate_visuals_with_the_trainers_logpr
     assert routing_agreement(model, mixed) == 1.0
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "fp8"])
+def test_a_low_precision_engine_reads_media_prompts_and_draws_images_with_a_small_mismatch(warm, precision):
+    model = warm_model(warm)
+    data = warm_data(model, warm, tasks=("image_to_text", "audio_to_text", "text_to_image"))
+    queries = data.next_queries(6)
+    engine = InferenceEngine(model, precision=precision, max_new_tokens=5, stop_ids=())
+    assert next(engine.model.visual_tokenizer.parameters()).dtype == torch.float32  # frozen: not cast
+    rollouts = engine.generate([data.encode_prompt(q) for q in queries], queries)
+    assert sorted({len(r.response_ids) for r in rollouts}) == [5, model.nfsp.tokens_per_frame]
+    with torch.no_grad():
+        gap = max_gap(sequence_logprobs(model, rollouts, replay=True), [r.inf_logprobs for r in rollouts])
+    assert 1e-5 < gap < 0.5  # a real mismatch, but the same prompts (codes) on both sides
+
+
 # --- RLTask ------------------------------------------------------------------------------------------
 
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 Prompt = list[int] | Document
 SEGMENTS = (TextSegment, VisualSegment, AudioSegment, ContextSegment)
-# (prompt document or None, prompt ids, response ids): one row of `rollout_batch`.
+# (prompt document or None, prompt ids, response ids): one row of `PromptLayout.batch`.
 Row = tuple[Document | None, list[int], list[int]]
 
 

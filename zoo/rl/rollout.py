@@ -172,7 +172,8 @@ class InferenceEngine:
 
     Args:
         model: the trained UnifiedModel; copied (never shared), in eval mode.
-        precision: "float32", "bfloat16" (the copy in bf16, KV cache included) or "fp8" (FP8-eligible
+        precision: "float32", "bfloat16" (the copy in bf16, KV cache included; the frozen visual
+            tokenizer and audio codec stay float32) or "fp8" (FP8-eligible
             linears and every routed expert rounded through float8_e4m3fn, one scale per tensor/expert;
             router gates, embeddings, norms and the output head stay float32, as in `zoo.parallel`).
         max_new_tokens: response budget per sequence (a rollout may carry a smaller one).
@@ -238,9 +239,14 @@ class InferenceEngine:
     @torch.no_grad()
     def _cast(self) -> None:
         if self.precision == "bfloat16":
-            # Parameters only: buffers (rotary frequencies, the aux-free expert bias) stay float32.
+            # Parameters only: buffers (rotary frequencies, the aux-free expert bias) stay float32. The
+            # frozen media tokenizers stay float32 too: they are not the policy, and media prompts must
+            # become the codes the trainer sees (their quantisers are not written for bf16 either).
+            frozen = {id(p) for m in (self.model.visual_tokenizer, self.model.audio_codec) if m is not None
+                      for p in m.parameters()}  # fmt: skip
             for p in self.model.parameters():
-                p.data = p.data.to(torch.bfloat16)
+                if id(p) not in frozen:
+                    p.data = p.data.to(torch.bfloat16)
         elif self.precision == "fp8":
             for w in self._fp8:
                 # Stacked experts get one scale each: a per-tensor scale over all of them is too coarse.
