@@ -12,10 +12,12 @@
    approximation over queries).
 
 Prints one JSON line: per task the warm start's and each arm's greedy / sampled reward with the paired
-deltas, each arm's validation curves, timings. `--plot docs/img` draws docs/img/rl_shapes.png.
+deltas, each arm's validation curves, timings. `--plot docs/img` draws docs/img/rl_shapes.png (`--figure`).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --quick           # a few minutes
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --plot docs/img   # the documented run
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --plot docs/img   # the documented runs
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --tasks text_to_image --plot docs/img \
+        --figure rl_shapes_image.png
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--reuse", action="store_true", help="score the policies already in --out; no training")
     p.add_argument("--seed", type=int, default=0, help="the RL runs' seed_everything")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--plot", default=None, help="directory for rl_shapes.png")
+    p.add_argument("--plot", default=None, help="directory for the figure")
+    p.add_argument("--figure", default="rl_shapes.png", help="the figure's file name")
     args = p.parse_args()
     args.rl_steps = args.rl_steps or (4 if args.quick else 150)
     args.eval_queries = args.eval_queries or (8 if args.quick else 256)
@@ -148,7 +151,7 @@ def summary(scores: dict[str, list[float]], base: dict[str, list[float]] | None,
     return out
 
 
-def plot(results: dict, directory: Path) -> None:
+def plot(results: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,9 +173,9 @@ def plot(results: dict, directory: Path) -> None:
         ax.set_xlabel("RL step")
         ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
-    directory.mkdir(parents=True, exist_ok=True)
-    fig.savefig(directory / "rl_shapes.png", dpi=80)
-    log(f"wrote {directory / 'rl_shapes.png'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    log(f"wrote {path}")
 
 
 def main() -> None:
@@ -222,7 +225,7 @@ def main() -> None:
         eval_queries=len(queries), samples=args.samples, rl_steps=args.rl_steps, timings=timings, machine=info
     )
     if args.plot:
-        plot(results, Path(args.plot))
+        plot(results, Path(args.plot) / args.figure)
     emit(results)
 
 
