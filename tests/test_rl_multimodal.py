@@ -1,12 +1,13 @@
-"""RL with media as a specification: image and speech to caption, and caption to image, on ShapesWorld.
+"""RL with media as a specification: image and speech to caption, caption to image and speech, ShapesWorld.
 
 The engine lays image/speech prompts out as pretraining did (codes from the frozen tokenizers, t and the
 group id continuing after the media), so in float32 its log-probs are the trainer's, its greedy
 captions are those of `generate_text_after`, continuous batching and re-prefill after a sync change
 nothing, and the rollouts survive a weights-only checkpoint. Images it draws by NFSP are those of
-`generate_visual`, with the trainer's log-probs per code. `RLTask` trains on graded rewards from a batch
-mixing all three tasks. The model is tiny with untrained tokenizers and a 60-step supervised caption warm
-start (about 10 s), enough for captions that parse and get graded rewards.
+`generate_visual`, speech it says by NCP that of `generate_audio`, with the trainer's log-probs per code
+(and END). `RLTask` trains on graded rewards from a batch mixing all the tasks. The model is tiny with
+untrained tokenizers and a 60-step supervised caption warm start (about 10 s), enough for captions that
+parse and get graded rewards.
 """
 
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from zoo.datamodules.sequence import AudioSegment, MediaLayout, SequenceBuilder, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.models.backbone import UnifiedTransformer
-from zoo.models.media_generation import generate_text_after, generate_visual
+from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import flatten_scales
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data_shapes import ShapesRLDataModule
@@ -118,7 +119,7 @@ def test_caption_queries_are_seeded_disjoint_and_prompt_with_the_scenes_media(wa
     with pytest.raises(TypeError, match="base_prompt"):
         data.base_prompt_ids(train[0])
     with pytest.raises(ValueError, match="tasks must be among"):
-        make_data(model, tasks=("text_to_audio",))  # speech generation is not an RL environment yet
+        make_data(model, tasks=("text_to_video",))  # video generation is not an RL environment yet
     with pytest.raises(ValueError, match="heldout_split"):
         make_data(model, heldout_split="train")
 
@@ -235,6 +236,34 @@ def test_images_drawn_by_the_engine_are_generate_visuals_with_the_trainers_logpr
     assert routing_agreement(model, mixed) == 1.0
 
 
+def test_speech_said_by_the_engine_is_generate_audios_with_the_trainers_logprobs_per_level_and_end(warm):
+    model = warm_model(warm)
+    data = warm_data(model, warm, tasks=("text_to_audio",))
+    queries = data.next_queries(3)
+    prompts = [data.encode_prompt(q) for q in queries]
+    assert all(p[-1] == model.vocab.special("<boa>") for p in prompts)
+    engine = InferenceEngine(model, max_new_tokens=2, temperature=0.0, max_audio_frames=12)
+    greedy = engine.generate(prompts, queries)
+    reference = generate_audio(model, prompts, max_frames=12, temperature=0.0)
+    levels, eoa = model.ncp.levels, model.vocab.special("<eoa>")
+    for r, codes in zip(greedy, reference, strict=True):
+        ended = r.response_ids[-1] == eoa
+        assert r.finished == ended and r.truncated == (not ended) and len(codes) <= 12
+        assert len(r.response_ids) == len(codes) * levels + ended == len(r.inf_logprobs)
+        frames = torch.tensor(r.response_ids[: len(r.response_ids) - ended]).view(-1, levels)
+        offsets = model.vocab.audio_offset + torch.arange(levels) * model.vocab.audio_size
+        assert torch.equal(frames - offsets, codes)
+        for chosen in r.routing.values():
+            assert chosen.shape == (len(r.prompt_ids) + len(codes), 2)  # one position a frame
+    sampled = InferenceEngine(model, max_new_tokens=2, max_audio_frames=6, seed=2).generate(prompts, queries)
+    assert all(len(r.response_ids) <= 6 * levels + 1 for r in sampled)
+    with torch.no_grad():
+        logprobs, entropy = sequence_logprobs(model, greedy + sampled, replay=True, with_entropy=True)
+    assert max_gap(logprobs, [r.inf_logprobs for r in greedy + sampled]) < 1e-4
+    assert all(e.shape == lp.shape and bool((e >= 0).all()) for e, lp in zip(entropy, logprobs, strict=True))
+    assert routing_agreement(model, greedy + sampled) == 1.0
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "fp8"])
 def test_a_low_precision_engine_reads_media_prompts_and_draws_images_with_a_small_mismatch(warm, precision):
     model = warm_model(warm)
@@ -254,12 +283,10 @@ def test_a_low_precision_engine_reads_media_prompts_and_draws_images_with_a_smal
 
 def test_rl_steps_on_captions_and_images_train_and_validate_per_task(warm, tmp_path: Path):
     model = warm_model(warm).train()
-    data = warm_data(model, warm, tasks=("image_to_text", "audio_to_text", "text_to_image"))
+    data = warm_data(model, warm, tasks=("image_to_text", "audio_to_text", "text_to_image", "text_to_audio"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    task = RLTask(
-        model, rollout=RolloutConfig(max_new_tokens=24), batch_size=4, group_size=4, lr=1e-3,
-        val_max_new_tokens=24,
-    )  # fmt: skip
+    rollout = RolloutConfig(max_new_tokens=24, max_audio_frames=16)
+    task = RLTask(model, rollout=rollout, batch_size=4, group_size=4, lr=1e-3, val_max_new_tokens=24)
     logged: list[dict] = []
 
     class Record(L.Callback):
@@ -280,5 +307,5 @@ def test_rl_steps_on_captions_and_images_train_and_validate_per_task(warm, tmp_p
     assert not any(k.startswith(("nfsp.tokenizer.", "ncp.codec.")) for k in moved)  # frozen tokenizers
     metrics = trainer.callback_metrics
     names = ("val/reward", "val/image_caption/reward", "val/speech_caption/reward_sampled")
-    for name in (*names, "val/caption_to_image/reward", "val/caption_to_image/reward_sampled"):
+    for name in (*names, "val/caption_to_image/reward", "val/caption_to_speech/reward_sampled"):
         assert 0.0 <= float(metrics[name]) <= 1.0

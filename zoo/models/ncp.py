@@ -163,6 +163,11 @@ class NCP(nn.Module):
         return HeadOutput(self.loss_weight * total, metrics)
 
     # -- generation -------------------------------------------------------------------------------
+    def _valid(self, logits: Tensor, q: int) -> Tensor:
+        """Ids past a smaller level's codebook are never valid codes (the END class stays allowed)."""
+        invalid = torch.arange(self.codebook_sizes[q], self.size, device=logits.device)
+        return logits.float().index_fill(-1, invalid, float("-inf"))
+
     @torch.no_grad()
     def sample(
         self,
@@ -173,20 +178,47 @@ class NCP(nn.Module):
         generator: torch.Generator | None = None,
     ) -> tuple[Tensor, Tensor]:
         """States `[B, D]` -> (codes `[B, Q]`, ended `[B]` bool), level by level through the depth head."""
+        codes, ended, _ = self.sample_with_logprobs(hidden, temperature, top_k, top_p, generator)
+        return codes, ended
+
+    @torch.no_grad()
+    def sample_with_logprobs(
+        self,
+        hidden: Tensor,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """As `sample`, plus `[B, Q]` log-probs of each sampled level under `log_softmax(logits /
+        temperature)` before top-k/top-p filtering (column 0: of END for a row that ended; the other
+        columns of such a row are meaningless)."""
         b = hidden.shape[0]
         codes = torch.zeros(b, self.levels, dtype=torch.long, device=hidden.device)
         ended = torch.zeros(b, dtype=torch.bool, device=hidden.device)
+        logprobs = torch.zeros(b, self.levels, device=hidden.device)
+        scale = temperature if temperature > 0 else 1.0
         for q in range(self.levels):
-            logits = self.depth_logits(hidden, codes)[q].float()
-            allowed = self.codebook_sizes[q]
-            # Ids past a smaller level's codebook are never valid codes (the END class stays allowed).
-            logits[:, allowed : self.size] = float("-inf")
+            logits = self._valid(self.depth_logits(hidden, codes)[q], q)
             token = sample_next(logits, temperature, top_k, top_p, generator)
+            logprobs[:, q] = (logits / scale).log_softmax(-1).gather(-1, token[:, None])[:, 0]
             if q == 0:
                 ended = token == self.end_id
                 token = token.masked_fill(ended, 0)
             codes[:, q] = token
-        return codes, ended
+        return codes, ended, logprobs
+
+    def logprobs(self, hidden: Tensor, codes: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+        """Teacher-forced `[N, Q]` log-probs (and entropies) of `codes` `[N, Q]` from states `[N, D]`, as
+        `sample_with_logprobs` samples them; a row whose level-1 code is `end_id` scores END there."""
+        scale = temperature if temperature > 0 else 1.0
+        logits = self.depth_logits(hidden, codes.clamp_max(self.size - 1))
+        logprobs, entropies = [], []
+        for q in range(self.levels):
+            logp = (self._valid(logits[q], q) / scale).log_softmax(-1)
+            logprobs.append(logp.gather(-1, codes[:, q : q + 1])[:, 0])
+            entropies.append(-(logp.exp() * logp.clamp_min(-1e9)).sum(-1))
+        return torch.stack(logprobs, 1), torch.stack(entropies, 1)
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:

@@ -8,15 +8,18 @@
   with its attribute accuracy against the scene (`zoo.rl.verifiers.verify_shapes_caption`);
 - generation ("text_to_image"): the prompt is `<bos> caption <boi>`; the policy draws the image by NFSP
   (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `shapes_render.verify_image` reads
-  back from the decoded pixels (`verify_shapes_image`).
+  back from the decoded pixels (`verify_shapes_image`);
+- speech ("text_to_audio"): the prompt is `<bos> caption <boa>`; the policy speaks by NCP, rewarded with
+  the share of the caption's words `shapes_speech.read_speech` hears in place in the decoded waveform
+  (`verify_shapes_speech_words`: graded, where a whole scene read back from tiny-model speech is rare).
 
 Rewards are graded (1.0 iff every attribute is right), so the G responses of a query rarely tie. One
 batch mixes tasks; the router is never told which modality is which.
 
 The query's `answer` and `solution` are the reference caption (the verifiers parse the scene from it;
 AHRL hints, for captions only, are its prefixes); `difficulty` is the number of objects; `task` names
-the verifier ("image_caption", "speech_caption", "video_caption", "caption_to_image") so that validation
-reports each apart.
+the verifier ("image_caption", "speech_caption", "video_caption", "caption_to_image",
+"caption_to_speech") so that validation reports each apart.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ TASKS = {
     "audio_to_text": "speech_caption",
     "video_to_text": "video_caption",
     "text_to_image": "caption_to_image",
+    "text_to_audio": "caption_to_speech",
 }
 _PROMPT_CACHE = 4096  # prompts kept (rendered speech is ~100 KB a prompt)
 
@@ -42,8 +46,9 @@ class ShapesRLDataModule(QueryDataModule):
     """ShapesWorld RL queries: media to caption and caption to image (see the module docstring).
 
     Args:
-        tasks: among "image_to_text", "audio_to_text", "video_to_text" and "text_to_image"; query i of a
-            split is task i mod len(tasks), so each has an equal share of training and held-out queries.
+        tasks: among "image_to_text", "audio_to_text", "video_to_text", "text_to_image" and
+            "text_to_audio"; query i of a split is task i mod len(tasks), so each has an equal share of
+            training and held-out queries.
         vocab: the model's unified vocabulary.
         layout: as the model was pretrained (only `video_frames` is checked against its temporal stride;
             the engine lays prompts out with the model's own tokenizers).
@@ -92,6 +97,7 @@ class ShapesRLDataModule(QueryDataModule):
             vocab=vocab,
             layout=layout,
             text_to_image_weight=float("text_to_image" in tasks),
+            text_to_audio_weight=float("text_to_audio" in tasks),
             image_to_text_weight=float("image_to_text" in tasks),
             video_to_text_weight=float("video_to_text" in tasks),
             audio_to_text_weight=float("audio_to_text" in tasks),
@@ -127,13 +133,13 @@ class ShapesRLDataModule(QueryDataModule):
 
     def base_prompt(self, query: Query) -> Prompt:
         """Understanding: `<bos>` + the media of the query's scene, as a Document. Generation: the unified
-        ids of `<bos> caption <boi>`. Made once, then cached."""
+        ids of `<bos> caption <boi>` (or `<boa>`). Made once, then cached."""
         if query.id not in self._prompts:
             task, split, index = query.id.split("/")
             if len(self._prompts) >= _PROMPT_CACHE:
                 self._prompts.pop(next(iter(self._prompts)))
-            if task == "text_to_image":
-                opener = self.vocab.special("<boi>")
+            if task in ("text_to_image", "text_to_audio"):
+                opener = self.vocab.special("<boi>" if task == "text_to_image" else "<boa>")
                 self._prompts[query.id] = [self.vocab.bos_id, *self.encode_text(query.answer), opener]
             else:
                 world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
@@ -149,7 +155,7 @@ class ShapesRLDataModule(QueryDataModule):
 
     def encode_prompt(self, query: Query) -> Prompt:
         """The base prompt; for a caption, then the AHRL hint of the current step (a prefix of the caption)
-        as text. Images get no hint."""
+        as text. Images and speech get no hint."""
         prompt = self.base_prompt(query)
         if not is_document(prompt):
             return prompt

@@ -17,6 +17,11 @@ A prompt of unified ids ending with `<boi>` asks for an image (`asks_for_image`,
 visual tokenizer): its response is the image's NFSP codes as unified visual ids, coarse scale to fine,
 laid out for the trainer as the `VisualSegment` pretraining used (one group a scale on the finest grid),
 without its closing `<eoi>`, which no policy decision produced.
+
+A prompt ending with `<boa>` asks for speech (`asks_for_speech`, when the model has an audio codec): its
+response is the NCP frames, each frame's Q codes as unified audio ids (level q in its own block), then
+`<eoa>` when level 1 sampled END. Those are the policy's decisions (Q a frame, one for END); the
+positions are one a frame (`response_positions`), laid out as the pretraining `AudioSegment`.
 """
 
 from __future__ import annotations
@@ -57,6 +62,34 @@ def is_document(prompt: object) -> bool:
 def asks_for_image(model: UnifiedModel, prompt_ids: list[int]) -> bool:
     """A text prompt ending with `<boi>` to a model with a visual tokenizer: the response is an image."""
     return model.nfsp is not None and bool(prompt_ids) and prompt_ids[-1] == model.vocab.special("<boi>")
+
+
+def asks_for_speech(model: UnifiedModel, prompt_ids: list[int]) -> bool:
+    """A text prompt ending with `<boa>` to a model with an audio codec: the response is speech."""
+    return model.ncp is not None and bool(prompt_ids) and prompt_ids[-1] == model.vocab.special("<boa>")
+
+
+def speech_codes(model: UnifiedModel, response_ids: list[int]) -> tuple[Tensor, bool]:
+    """A speech response's unified ids -> (codec codes `[F, Q]`, whether it ended with END)."""
+    ended = bool(response_ids) and response_ids[-1] == model.vocab.special("<eoa>")
+    ids = torch.tensor(response_ids[: len(response_ids) - ended], dtype=torch.long)
+    levels = model.ncp.levels
+    frames = ids.view(-1, levels) - model.vocab.audio_offset
+    return frames - torch.arange(levels) * model.vocab.audio_size, ended
+
+
+def speech_ids(model: UnifiedModel, codes: Tensor) -> list[int]:
+    """Codec codes `[F, Q]` -> unified audio ids, frame by frame (level q in its block)."""
+    levels = torch.arange(codes.shape[-1], device=codes.device) * model.vocab.audio_size
+    return (codes + levels + model.vocab.audio_offset).flatten().tolist()
+
+
+def response_positions(model: UnifiedModel, prompt_ids: list[int], response_ids: list[int]) -> int:
+    """Positions a response occupies: one a token (text, image codes), one a frame (speech)."""
+    if asks_for_speech(model, prompt_ids):
+        ended = bool(response_ids) and response_ids[-1] == model.vocab.special("<eoa>")
+        return (len(response_ids) - ended) // model.ncp.levels
+    return len(response_ids)
 
 
 def image_codes(model: UnifiedModel, response_ids: list[int]) -> list[Tensor]:
@@ -109,18 +142,23 @@ class PromptLayout:
         """Prompt + response of every row, one document a row, left- (`left`, for a prefill that continues
         every row) or right-padded, on the model's device."""
         device = next(self.model.parameters()).device
-        images = [bool(response) and asks_for_image(self.model, prompt) for _, prompt, response in rows]
-        if all(document is None for document, _, _ in rows) and not any(images):
+        model = self.model
+        media = [bool(r) and (asks_for_image(model, p) or asks_for_speech(model, p)) for _, p, r in rows]
+        if all(document is None for document, _, _ in rows) and not any(media):
             seqs = [prompt + response for _, prompt, response in rows]
             return text_rows(seqs, self.model.vocab.pad_id, left, device)
+        if left and any(media):
+            raise ValueError("image and speech responses are laid out for the trainer only (right padding)")
         documents = []
-        for (document, prompt, response), image in zip(rows, images, strict=True):
-            if image:
-                if left:
-                    raise ValueError("an image response is laid out for the trainer only (right padding)")
+        for (document, prompt, response), drawn in zip(rows, media, strict=True):
+            # VisualSegment / AudioSegment write the prompt's closing <boi> / <boa> themselves.
+            if drawn and asks_for_image(model, prompt):
                 codes = torch.tensor(response, dtype=torch.long) - self.model.vocab.visual_offset
-                # VisualSegment writes the prompt's closing <boi> itself.
                 documents.append([TextSegment(prompt[:-1], predict=False), VisualSegment(codes=codes)])
+            elif drawn:
+                frames, _ = speech_codes(model, response)
+                speech = [AudioSegment(codes=frames)] if len(frames) else []
+                documents.append([TextSegment(prompt[: len(prompt) - bool(speech)], predict=False), *speech])
             elif document is None:
                 documents.append([TextSegment(prompt + response, predict=False)])
             else:
@@ -128,9 +166,10 @@ class PromptLayout:
                 documents.append([*document, *tail])
         length = max(self.builder.length(d) for d in documents)
         batch = self.builder.layout_rows([[d] for d in documents], length, left_pad=left)
-        for row, ((_, prompt, response), image) in enumerate(zip(rows, images, strict=True)):
-            if image:  # the closing <eoi> is no decision of the policy: out of the sequence
-                end = len(prompt) + len(response)
+        for row, ((_, prompt, response), drawn) in enumerate(zip(rows, media, strict=True)):
+            end = len(prompt) + response_positions(model, prompt, response)
+            if drawn and end < length and batch.doc_id[row, end] != PAD_DOC:
+                # The closing <eoi> / <eoa> is no decision of the policy: out of the sequence.
                 batch.doc_id[row, end] = PAD_DOC
                 batch.modality[row, end] = int(Modality.PAD)
         return batch.to(device)

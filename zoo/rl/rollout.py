@@ -18,7 +18,9 @@ A prompt is unified ids laid out as text, or a `Document` with media (image, cli
 `zoo.rl.prompts` tokenizes its media once and lays rows out; the response continues it as text. A text
 prompt ending with `<boi>` asks for an image: the engine generates it by NFSP as the model was trained,
 one backbone step per scale with all of the scale's codes sampled at once, and records l_inf and the
-routing of every code; an image is complete the step it is admitted (it never waits in the batch).
+routing of every code; an image is complete the step it is admitted (it never waits in the batch). A
+prompt ending with `<boa>` asks for speech: NCP, one backbone step per frame with the depth head sampling
+the frame's levels, until level 1 samples END or `max_audio_frames`; also generated whole at admission.
 
 l_inf is `log_softmax(logits / temperature)` of the sampled token: the engine's temperature-scaled
 distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 = greedy records
@@ -47,9 +49,11 @@ from zoo.rl.prompts import (
     Prompt,
     PromptLayout,
     asks_for_image,
+    asks_for_speech,
     continuation_batch,
     is_document,
     next_positions,
+    speech_ids,
 )
 
 if TYPE_CHECKING:
@@ -183,6 +187,7 @@ class InferenceEngine:
         stop_ids: ids that end a response (kept in it); None = `<eos>`; () never stops.
         max_batch: most sequences decoded at once; the rest wait in order (None: no limit).
         seed: the sampling generator's seed.
+        max_audio_frames: most codec frames of a speech response (prompts ending with `<boa>`).
     """
 
     def __init__(
@@ -197,6 +202,7 @@ class InferenceEngine:
         stop_ids: tuple[int, ...] | None = None,
         max_batch: int | None = None,
         seed: int = 0,
+        max_audio_frames: int = 128,
     ) -> None:
         if precision not in ("float32", "bfloat16", "fp8"):
             raise ValueError(f"precision={precision!r}: expected 'float32', 'bfloat16' or 'fp8'")
@@ -206,6 +212,9 @@ class InferenceEngine:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
+        if max_audio_frames < 1:
+            raise ValueError(f"max_audio_frames must be >= 1, got {max_audio_frames}")
+        self.max_audio_frames = max_audio_frames
         self.precision = precision
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.top_k, self.top_p = top_k, top_p
@@ -330,6 +339,8 @@ class InferenceEngine:
             if asks_for_image(self.model, r.prompt_ids):  # an image is whole or nothing, whatever the budget
                 codes = self.model.nfsp.tokens_per_frame
                 budget = codes if room >= codes else 0
+            elif asks_for_speech(self.model, r.prompt_ids):  # a budget of frames (each Q codes)
+                budget = min(self.max_audio_frames, room)
             routing: dict[int, list[Tensor]] = {}
             if self.record_routing:
                 old = r.routing or {}
@@ -412,8 +423,10 @@ class InferenceEngine:
         free = len(self._waiting) if self.max_batch is None else self.max_batch - len(self._active)
         rows, self._waiting = self._waiting[: max(free, 0)], self._waiting[max(free, 0) :]
         images = [r for r in rows if not r.done and asks_for_image(self.model, r.rollout.prompt_ids)]
+        speech = [r for r in rows if not r.done and asks_for_speech(self.model, r.rollout.prompt_ids)]
         completed = self._generate_images(images) if images else []
-        rows = [r for r in rows if not any(r is image for image in images)]
+        completed += self._generate_speech(speech) if speech else []
+        rows = [r for r in rows if not any(r is drawn for drawn in images + speech)]
         if not rows:
             return completed
         seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
@@ -439,14 +452,12 @@ class InferenceEngine:
         self._merge(rows, cache)
         return completed
 
-    def _generate_images(self, rows: list[_Row]) -> list[Rollout]:
-        """NFSP generation of one image per row, as `zoo.models.media_generation.generate_visual` (no
-        guidance): prefill, then per scale one backbone step whose s*s positions form one group on the
-        finest grid, their codes sampled at once. The response is the codes as unified visual ids."""
-        model, nfsp = self.model, self.model.nfsp
+    def _prefill_media(self, rows: list[_Row], extra: int) -> tuple[Tensor, Tensor, Tensor, KVCache]:
+        """Prefill the text prompts of image / speech rows into a cache with `extra` more columns,
+        recording their routing; (last hidden `[R, D]`, next t `[R]`, next group `[R]`, cache)."""
+        model = self.model
         batch = self.layout.batch([(None, r.rollout.prompt_ids, []) for r in rows], left=True)
-        n, finest = len(rows), nfsp.scales[-1]
-        cache = model.backbone.new_cache(n, batch.seq_len + nfsp.tokens_per_frame)
+        cache = model.backbone.new_cache(len(rows), batch.seq_len + extra)
         out = model.backbone(model.embed(batch), batch, cache=cache)
         self.stats.prefill_tokens += sum(len(r.rollout.prompt_ids) for r in rows)
         if self.record_routing:
@@ -456,7 +467,69 @@ class InferenceEngine:
             for i, row in enumerate(rows):
                 for layer, chosen in out.routing.items():
                     row.routing[layer].append(chosen[offsets[i] : offsets[i + 1]])
-        t0, group = (torch.tensor(v, device=self.device) for v in next_positions(batch))
+        t, group = (torch.tensor(v, device=self.device) for v in next_positions(batch))
+        return out.hidden[:, -1], t, group, cache
+
+    def _generate_speech(self, rows: list[_Row]) -> list[Rollout]:
+        """NCP generation of one utterance per row, as `zoo.models.media_generation.generate_audio`: per
+        frame, the depth head samples the levels from the last state (level 1 may sample END), then the
+        frame is fed as one group. Every sampled frame is fed (its routing recorded), so a rollout cut by
+        its budget has a position per frame too. The response: the frames' unified audio ids, then
+        `<eoa>` when END was sampled."""
+        model, ncp = self.model, self.model.ncp
+        budget = max(r.budget for r in rows)
+        hidden, t, group, cache = self._prefill_media(rows, budget)
+        n, eoa = len(rows), model.vocab.special("<eoa>")
+        live = [True] * n
+        for step in range(budget):
+            codes, ended, logprobs = ncp.sample_with_logprobs(
+                hidden, self.temperature, self.top_k, self.top_p, self.generator
+            )
+            for i, row in enumerate(rows):
+                if not live[i]:
+                    continue
+                r = row.rollout
+                if bool(ended[i]):
+                    r.response_ids.append(eoa)
+                    row.logprobs.append(float(logprobs[i, 0]))
+                    r.finished = row.done = True
+                    live[i] = False
+                    continue
+                r.response_ids += speech_ids(model, codes[i : i + 1])
+                row.logprobs += logprobs[i].tolist()
+                if step + 1 >= row.budget:
+                    r.truncated = row.done = True
+            fed = [i for i in range(n) if live[i]]
+            self.stats.steps += 1
+            self.stats.row_steps += len(fed)
+            if not fed:
+                break
+            frame = GroupBatch(
+                input_ids=torch.zeros_like(t[:, None]),
+                modality=torch.full_like(t[:, None], int(Modality.AUDIO)),
+                group_id=group[:, None],
+                doc_id=torch.zeros_like(t[:, None]),
+                positions=t[None, :, None].expand(3, -1, -1),
+            )
+            out = model.backbone(ncp.embed_codes(codes)[:, None], frame, cache=cache)
+            if self.record_routing:
+                for layer, chosen in out.routing.items():
+                    for i in fed:
+                        rows[i].routing[layer].append(chosen[i : i + 1])
+            for i in fed:
+                if rows[i].done:  # its budget is spent: fed once for its routing, now complete
+                    live[i] = False
+            hidden, t, group = out.hidden[:, -1], t + 1, group + 1
+        self.stats.tokens += sum(len(r.rollout.response_ids) for r in rows)
+        return [self._export(row) for row in rows]
+
+    def _generate_images(self, rows: list[_Row]) -> list[Rollout]:
+        """NFSP generation of one image per row, as `zoo.models.media_generation.generate_visual` (no
+        guidance): prefill, then per scale one backbone step whose s*s positions form one group on the
+        finest grid, their codes sampled at once. The response is the codes as unified visual ids."""
+        model, nfsp = self.model, self.model.nfsp
+        n, finest = len(rows), nfsp.scales[-1]
+        _, t0, group, cache = self._prefill_media(rows, nfsp.tokens_per_frame)
         codes: list[Tensor] = []
         for k, side in enumerate(nfsp.scales):
             known = [*codes, torch.zeros(n, 1, side, side, dtype=torch.long, device=self.device)]

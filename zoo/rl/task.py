@@ -24,7 +24,8 @@ Prompts may hold media (`zoo.rl.data_shapes.ShapesRLDataModule`: image, speech o
 the engine, the trainer's log-probs and validation lay them out as pretraining did (`zoo.rl.prompts`).
 A prompt ending with `<boi>` asks for an image: the engine draws it by NFSP, the verifier scores the
 pixels the frozen tokenizer decodes from its codes, and the loss covers its codes (IMAGE tokens, with
-their own IcePop bounds).
+their own IcePop bounds). A prompt ending with `<boa>` asks for speech: NCP frames, scored on the
+waveform the frozen codec decodes, the loss over every level of every frame and END (AUDIO tokens).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from zoo.config import save_config_hyperparameters
 from zoo.datamodules.sequence import TextSegment
-from zoo.models.media_generation import generate_text_after, generate_visual
+from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data import QueryDataModule
 from zoo.rl.hints import HintController, HintSchedule
@@ -57,7 +58,15 @@ from zoo.rl.losses import (
     policy_loss,
     wpsm_weights,
 )
-from zoo.rl.prompts import Prompt, PromptLayout, asks_for_image, image_codes, is_document
+from zoo.rl.prompts import (
+    Prompt,
+    PromptLayout,
+    asks_for_image,
+    asks_for_speech,
+    image_codes,
+    is_document,
+    speech_codes,
+)
 from zoo.rl.replay import sequence_logprobs
 from zoo.rl.rollout import InferenceEngine, Precision, Rollout
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
@@ -80,6 +89,7 @@ class RolloutConfig:
         max_batch: most sequences the engine decodes at once (None: all).
         seed: the engine's sampling seed; None (default): the run's `seed_everything` seed (Lightning's
             PL_GLOBAL_SEED, 0 when unseeded), so that runs at different seeds sample different rollouts.
+        max_audio_frames: most codec frames of a speech response (`max_new_tokens` counts text tokens).
     """
 
     precision: Precision = "float32"
@@ -89,6 +99,7 @@ class RolloutConfig:
     top_p: float | None = None
     max_batch: int | None = None
     seed: int | None = None
+    max_audio_frames: int = 128
 
 
 class RLTask(L.LightningModule):
@@ -253,6 +264,7 @@ class RLTask(L.LightningModule):
             record_routing=self.router_replay,
             max_batch=c.max_batch,
             seed=self.run_seed,
+            max_audio_frames=c.max_audio_frames,
         )
         self.engine.version = self.version
         if self._engine_rng is not None:
@@ -290,6 +302,8 @@ class RLTask(L.LightningModule):
         rollout.hint_len = len(rollout.prompt_ids) - self._base_length(rollout.query)
         if asks_for_image(self.model, rollout.prompt_ids):
             output = self._decode_image(rollout.response_ids)
+        elif asks_for_speech(self.model, rollout.prompt_ids):
+            output = self._decode_speech(rollout.response_ids)
         else:
             output = source.completion_text(rollout.prompt_ids, rollout.response_ids, rollout.hint_len)
         self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, output)
@@ -303,6 +317,15 @@ class RLTask(L.LightningModule):
             return torch.full((3, size, size), -1.0).numpy()
         codes = [c.to(self.device) for c in image_codes(self.model, response_ids)]
         return self.model.nfsp.decode(codes)[0].float().cpu().numpy()
+
+    @torch.no_grad()
+    def _decode_speech(self, response_ids: list[int]) -> object:
+        """The waveform (float numpy) the codec decodes from a speech response's frames; no frames decode
+        to an empty waveform."""
+        frames, _ = speech_codes(self.model, response_ids)
+        if not len(frames):
+            return torch.zeros(0).numpy()
+        return self.model.ncp.decode(frames[None].to(self.device))[0].float().cpu().numpy()
 
     def _base_length(self, query: object) -> int:
         """Positions of the query's prompt without a hint, as the engine lays it out."""
@@ -505,7 +528,7 @@ class RLTask(L.LightningModule):
         c = self.rollout_config
         return respond(
             self.model, prompts, self.source.decode, self.val_max_new_tokens, temperature, c.top_k, c.top_p,
-            generator,
+            generator, c.max_audio_frames,
         )  # fmt: skip
 
     # -- optimisation and checkpoints -------------------------------------------------------------------
@@ -554,14 +577,24 @@ def respond(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    max_audio_frames: int = 128,
 ) -> list[object]:
     """What verifiers read from `model` (not an engine) for each prompt: the completion text (`decode` of
     the response ids) of unified-id or media prompts, the pixels (float `[3, H, W]` numpy) of prompts that
-    ask for an image (NFSP, no guidance). temperature 0 is greedy."""
+    ask for an image (NFSP, no guidance), the waveform (float numpy) of prompts that ask for speech (NCP,
+    up to `max_audio_frames`). temperature 0 is greedy."""
     device = next(model.parameters()).device
     images = [not is_document(p) and asks_for_image(model, p) for p in prompts]
+    speech = [not is_document(p) and asks_for_speech(model, p) for p in prompts]
     outputs: list[object] = [None] * len(prompts)
-    text = [i for i, image in enumerate(images) if not image]
+    spoken = [i for i, said in enumerate(speech) if said]
+    if spoken:
+        asked = [prompts[i] for i in spoken]
+        for i, codes in zip(spoken, generate_audio(model, asked, max_audio_frames, temperature, top_k, top_p,
+                                                   generator), strict=True):  # fmt: skip
+            wave = model.ncp.decode(codes[None]) if len(codes) else torch.zeros(1, 0)
+            outputs[i] = wave[0].float().cpu().numpy()
+    text = [i for i, image in enumerate(images) if not image and not speech[i]]
     if text:
         asked = [prompts[i] for i in text]
         if any(is_document(p) for p in asked):

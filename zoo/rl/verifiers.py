@@ -104,6 +104,16 @@ def verify_shapes_speech(query: Query, output: Any) -> float:
     return float(verify_speech(output, _scene_of(query)).attribute_accuracy)
 
 
+def verify_shapes_speech_words(query: Query, output: Any) -> float:
+    """Generated waveform: the share of the reference caption's words heard in place
+    (`shapes_speech.word_accuracy` of what `read_speech` hears), a graded reward where a whole scene rarely
+    parses; an empty waveform hears nothing."""
+    from zoo.datamodules.shapes_speech import read_speech, word_accuracy
+
+    heard = read_speech(output) if len(output) else ""
+    return word_accuracy(query.answer, heard)
+
+
 def _text(output: object) -> str:
     if not isinstance(output, str):
         raise TypeError(f"a text verifier expects the completion as a str, got {type(output).__name__}")
@@ -130,6 +140,7 @@ VERIFIERS: dict[str, Callable[[Query, Any], float]] = {
     "speech_caption": verify_shapes_caption,
     "video_caption": verify_shapes_caption,
     "caption_to_image": verify_shapes_image,
+    "caption_to_speech": verify_shapes_speech_words,
     "shapes_image": verify_shapes_image,
     "shapes_video": verify_shapes_video,
     "shapes_speech": verify_shapes_speech,
