@@ -1,12 +1,12 @@
 """RL data: a source of queries for the rollout schedulers, with the tokenizer that turns them into ids.
 
 `QueryDataModule` is the base of what `data:` names in `configs/rl/*.yaml`: `RLDataModule` (text tasks
-with exact answers, here) and `ShapesRLDataModule` (image / speech / video to caption,
-`zoo.rl.data_shapes`). It serves the schedulers (`next_queries`, `encode_prompt`: the `QuerySource`
-protocol of `zoo.rl.schedulers`), the task (the completion text a verifier reads, held-out queries for
-validation) and Lightning (a train loader whose items only count RL steps, a validation loader of
-held-out queries). The order of training queries is a seeded permutation per pass over the pool, and the
-position in it travels in checkpoints.
+with exact answers, here) and `ShapesRLDataModule` (image / speech / clip to caption, caption to image
+and to speech: `zoo.rl.data_shapes`). It serves the schedulers (`next_queries`, `encode_prompt`: the
+`QuerySource` protocol of `zoo.rl.schedulers`), the task (the completion text a verifier reads, held-out
+queries for validation) and Lightning (a train loader whose items only count RL steps, a validation
+loader of held-out queries). The order of training queries is a seeded permutation per pass over the
+pool, and the position in it travels in checkpoints.
 
 The tokenizer is, in order of preference: the one stored with the starting weights (`RLTask` hands it
 over from `init_from`), a file given as `tokenizer` (a tokenizer JSON, a Lightning checkpoint or a hub
