@@ -590,8 +590,8 @@ def respond(
     spoken = [i for i, said in enumerate(speech) if said]
     if spoken:
         asked = [prompts[i] for i in spoken]
-        for i, codes in zip(spoken, generate_audio(model, asked, max_audio_frames, temperature, top_k, top_p,
-                                                   generator), strict=True):  # fmt: skip
+        said = generate_audio(model, asked, max_audio_frames, temperature, top_k, top_p, generator)
+        for i, codes in zip(spoken, said, strict=True):
             wave = model.ncp.decode(codes[None]) if len(codes) else torch.zeros(1, 0)
             outputs[i] = wave[0].float().cpu().numpy()
     text = [i for i, image in enumerate(images) if not image and not speech[i]]
