@@ -426,7 +426,8 @@ class InferenceEngine:
         speech = [r for r in rows if not r.done and asks_for_speech(self.model, r.rollout.prompt_ids)]
         completed = self._generate_images(images) if images else []
         completed += self._generate_speech(speech) if speech else []
-        rows = [r for r in rows if not any(r is drawn for drawn in images + speech)]
+        generated = {id(r) for r in images + speech}
+        rows = [r for r in rows if id(r) not in generated]
         if not rows:
             return completed
         seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
