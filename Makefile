@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: a visual tokenizer and an audio codec, then the unified model on ShapesWorld text, images
-# and speech, then the gallery of what it generates and understands (runs/demo/multimodal/gallery/gallery.md).
+# and speech, then the gallery of what it generates and understands (runs/demo/multimodal/latest/gallery/gallery.md).
 demo: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/visual_tokenizer.yaml
 	$(BIN)/zoo fit --config configs/demo/audio_codec.yaml

@@ -12,7 +12,7 @@ level 1 the semantic one), with the majority class as the trivial baseline.
 "Held-out" is the ShapesWorld "test" split (colour-shape pairs never seen in training); the probe trains on
 "train" clips and is scored on those. Progress goes to stderr; the last stdout line is one JSON object.
 
-    .venv/bin/python benchmarks/audio_codec.py [--weights runs/audio_codec/audio_codec.safetensors]
+    .venv/bin/python benchmarks/audio_codec.py [--weights runs/audio_codec/latest/audio_codec.safetensors]
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", type=Path, default=REPO / "configs/tokenizers/audio.yaml")
-    parser.add_argument("--weights", type=Path, default=REPO / "runs/audio_codec/audio_codec.safetensors")
+    parser.add_argument(
+        "--weights", type=Path, default=REPO / "runs/audio_codec/latest/audio_codec.safetensors",
+    )
     parser.add_argument("--clips", type=int, default=48, help="held-out clips scored")
     parser.add_argument("--probe-clips", type=int, default=192, help="training clips of the word probe")
     parser.add_argument("--probe-steps", type=int, default=300)

@@ -19,7 +19,7 @@ Repeated over `--seeds`; the JSON line holds per-seed values and the mean and st
 cell. Progress on stderr; the last stdout line is the JSON object.
 
     .venv/bin/python benchmarks/elastic_table.py \
-        --tokenizer-weights runs/visual_2d/visual_tokenizer.safetensors \
+        --tokenizer-weights runs/visual_2d/latest/visual_tokenizer.safetensors \
         [--steps 500 --seeds 0 1 2 --scenes 32 --markdown table.md]
 """
 

@@ -7,10 +7,10 @@ on) exactly as in training, and compares against the clean images:
   - the refiner's output at each requested number of sampling steps (same seed for every count).
 Also images/s of `refine` at each step count. Progress goes to stderr; the last stdout line is one JSON.
 
-    zoo fit --config configs/refiner/shapes.yaml                   # trains runs/refiner/checkpoints/last.ckpt
-    .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner/checkpoints/last.ckpt \
+    zoo fit --config configs/refiner/shapes.yaml   # trains runs/refiner/latest/checkpoints/last.ckpt
+    .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner/latest/checkpoints/last.ckpt \
         [--images 256 --steps 1 5 10 --png docs/img/refiner_samples.png]
-    .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner_tokenizer/checkpoints/last.ckpt \
+    .venv/bin/python benchmarks/refiner.py --checkpoint runs/refiner_tokenizer/latest/checkpoints/last.ckpt \
         --steps 1 5 10 --scales 3 2     # a tokenizer-conditioned refiner, also on decodes of fewer scales
 """
 
@@ -114,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--checkpoint", default="runs/refiner/checkpoints/last.ckpt")
+    parser.add_argument("--checkpoint", default="runs/refiner/latest/checkpoints/last.ckpt")
     parser.add_argument("--images", type=int, default=256, help="held-out images evaluated")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(

@@ -1,6 +1,6 @@
 """Evaluation of a trained unified model on ShapesWorld, every task its tokenizers support, against baselines.
 
-Loads a Lightning checkpoint of `UnifiedPretraining` (e.g. `runs/demo/multimodal/checkpoints/last.ckpt`
+Loads a Lightning checkpoint of `UnifiedPretraining` (e.g. `runs/demo/multimodal/latest/checkpoints/last.ckpt`
 after `make demo`), and scores caption-to-image / image-to-caption (and speech, video when the model has
 the codec / a 3D tokenizer) on `--scenes` scenes of the val split (training compositions) and the test
 split (held-out colour-shape pairs) with `zoo.tasks.multimodal_eval.evaluate`. Baselines in the same
@@ -8,7 +8,8 @@ run: random codes decoded by the same tokenizer (generation) and the most freque
 (understanding). Captions are greedy; media sampled at `--temperature` with top-k 8 and guidance
 `--cfg-scale`.
 
-    .venv/bin/python benchmarks/unified_eval.py runs/demo/multimodal/checkpoints/last.ckpt [--scenes 64]
+    .venv/bin/python benchmarks/unified_eval.py runs/demo/multimodal/latest/checkpoints/last.ckpt \
+        [--scenes 64]
 
 Progress on stderr; the last stdout line is one JSON object.
 """

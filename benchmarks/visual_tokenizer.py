@@ -16,9 +16,9 @@ It loads trained weights (the `visual_tokenizer.safetensors` that `zoo fit` writ
 tokenizers from the YAML configs; it does not train.
 
     .venv/bin/python benchmarks/visual_tokenizer.py \
-        --weights runs/visual_2d/visual_tokenizer.safetensors \
-        [--single_scale_weights runs/visual_2d_single/visual_tokenizer.safetensors] \
-        [--video_weights runs/visual_3d/visual_tokenizer.safetensors \
+        --weights runs/visual_2d/latest/visual_tokenizer.safetensors \
+        [--single_scale_weights runs/visual_2d_single/latest/visual_tokenizer.safetensors] \
+        [--video_weights runs/visual_3d/latest/visual_tokenizer.safetensors \
          --video_figure docs/img/visual_tokenizer_video.png]
 """
 

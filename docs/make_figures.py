@@ -207,4 +207,4 @@ if __name__ == "__main__":
     images = Path(__file__).parent / "img"
     sequence_layout_figure(images / "sequence_layout.png")
     world_samples_figure(images / "world_samples.png")
-    demo_gallery_figure(Path("runs/demo/multimodal/gallery"), images / "demo_gallery.png")
+    demo_gallery_figure(Path("runs/demo/multimodal/latest/gallery"), images / "demo_gallery.png")

@@ -30,10 +30,12 @@ def test_fit_then_predict_from_the_checkpoint(tmp_path, capsys, monkeypatch):
             "--model.init_args.sampling.max_new_tokens=8",
         ]
     )
-    run = tmp_path / "runs" / "quickstart"
+    root = tmp_path / "runs" / "quickstart"
+    run = root / "latest"  # each fit writes its own runs/quickstart/version_N; latest points at the newest
+    assert run.resolve() == root / "version_0"
     checkpoint = run / "checkpoints" / "last.ckpt"
     assert checkpoint.is_file()
-    assert list(run.glob("logs/version_*/samples.md")), "the sample callback writes samples.md"
+    assert (run / "logs" / "samples.md").is_file(), "the sample callback writes samples.md in the run"
 
     main(
         [
@@ -43,16 +45,19 @@ def test_fit_then_predict_from_the_checkpoint(tmp_path, capsys, monkeypatch):
             "--config",
             PREDICT,
             "--trainer.enable_progress_bar=false",
-            "--model.init_args.sampling.max_new_tokens=8",
+            "--model.init_args.sampling.max_new_tokens=3",  # the flag wins over the checkpoint's 8
             f"--ckpt_path={checkpoint}",
         ]
     )
-    output = run / "predictions.jsonl"
+    output = root / "predictions.jsonl"
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(rows) == 4
     assert rows[1]["prompt"] == "a small red"
-    assert all(isinstance(r["text"], str) and 1 <= len(r["ids"]) <= 8 for r in rows)
-    assert "generations written" in capsys.readouterr().out
+    assert all(isinstance(r["text"], str) and 1 <= len(r["ids"]) <= 3 for r in rows)
+    assert any(len(r["ids"]) == 3 for r in rows)
+    captured = capsys.readouterr()
+    assert "generations written" in captured.out
+    assert "sampling.max_new_tokens: checkpoint 8 -> config 3" in captured.err, "an override is never silent"
 
     # The checkpoint holds no pickled objects: it loads with weights_only=True and rebuilds the task.
     torch.load(checkpoint, map_location="cpu", weights_only=True)

@@ -14,10 +14,8 @@ a downloaded config names before that check; weights load with `strict=True`. No
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import json
-import re
 import tempfile
 import types
 import typing
@@ -33,6 +31,7 @@ import zoo
 from zoo.config import Configurable, to_config
 from zoo.models.unified import UnifiedModel
 from zoo.tokenizers.text import TextTokenizer
+from zoo.trust import UnsafeConfigError, zoo_class
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -40,34 +39,18 @@ TOKENIZER_NAME = "tokenizer.json"
 CARD_NAME = "README.md"
 FORMAT = "zoo.unified_model"
 LIBRARY_NAME = "zoo"
-
-# A dotted path of identifiers under the `zoo` package; checked before anything is imported.
-_ZOO_PATH = re.compile(r"zoo(\.[A-Za-z_][A-Za-z0-9_]*)+")
-
-
-class UnsafeConfigError(ValueError):
-    """A config names something outside the allow-list: Configurable classes defined under `zoo.`."""
-
+TOKENIZER_KEY = "zoo_tokenizer"  # where a checkpoint keeps its text tokenizer, whatever the datamodule
 
 # ---------------------------------------------------------------------------------------------- building
 
 
-def resolve_class(class_path: object) -> type:
-    """The zoo class `class_path` names, or `UnsafeConfigError`. Only modules under `zoo.` are imported."""
-    if not isinstance(class_path, str) or not _ZOO_PATH.fullmatch(class_path):
+def resolve_class(class_path: object, where: str = "config") -> type:
+    """The zoo component `class_path` names, or `UnsafeConfigError`. Only modules under `zoo.` are imported
+    (`zoo.trust`), and the class must be a `Configurable` component."""
+    cls = zoo_class(class_path, where)
+    if not issubclass(cls, Configurable):
         raise UnsafeConfigError(
-            f"refusing class_path {class_path!r}: only classes defined under the `zoo.` package may be built "
-            "from a config"
-        )
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise UnsafeConfigError(f"refusing class_path {class_path!r}: no zoo module {module_name!r}") from err
-    cls = getattr(module, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Configurable) and cls.__module__ == module_name):
-        raise UnsafeConfigError(
-            f"refusing class_path {class_path!r}: not a Configurable zoo class defined in {module_name}"
+            f"{where}: refusing class_path {class_path!r}: not a Configurable zoo component"
         )
     return cls
 
@@ -80,7 +63,7 @@ def build_from_config(config: Any, hint: Any = Any, where: str = "config") -> An
         extra = set(config) - {"class_path", "init_args"}
         if extra:
             raise ValueError(f"{where}: unexpected keys {sorted(extra)} next to class_path")
-        cls = resolve_class(config["class_path"])
+        cls = resolve_class(config["class_path"], where)
         init_args = config.get("init_args") or {}
         if not isinstance(init_args, Mapping):
             raise ValueError(f"{where}.init_args must be a mapping, got {type(init_args).__name__}")
@@ -302,17 +285,24 @@ def resolve(
     if path.exists():
         raise ValueError(f"{path} is a file; from_pretrained takes a directory or a hub repo id")
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
 
-    return Path(
-        snapshot_download(
-            str(path_or_repo_id),
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=local_files_only,
-            allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, CARD_NAME],
+    try:
+        return Path(
+            snapshot_download(
+                str(path_or_repo_id),
+                revision=revision,
+                cache_dir=cache_dir,
+                token=token,
+                local_files_only=local_files_only,
+                allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, CARD_NAME],
+            )
         )
-    )
+    except (HFValidationError, OSError) as err:  # hub errors are OSErrors (HTTP, offline, not found)
+        raise FileNotFoundError(
+            f"{path_or_repo_id}: no such local folder (looked in {path.resolve()}), and fetching it as a hub "
+            f"repo id failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from err
 
 
 def load_config(directory: str | Path) -> dict[str, Any]:
@@ -392,6 +382,18 @@ def _read_checkpoint(path: Path) -> dict:
     return checkpoint
 
 
+def checkpoint_tokenizer_json(checkpoint: Mapping[str, Any]) -> str | None:
+    """The text tokenizer (JSON) a checkpoint was trained with: under `TOKENIZER_KEY`, where the zoo's tasks
+    store it, or (older checkpoints) in the datamodule state Lightning keeps under the datamodule's class
+    name, which another datamodule class would not find."""
+    if isinstance(checkpoint.get(TOKENIZER_KEY), str):
+        return checkpoint[TOKENIZER_KEY]
+    for value in checkpoint.values():
+        if isinstance(value, Mapping) and isinstance(value.get("tokenizer"), str):
+            return value["tokenizer"]
+    return None
+
+
 def load_lightning_checkpoint(path: str | Path) -> tuple[UnifiedModel, TextTokenizer | None]:
     """The unified model of a `UnifiedPretraining` checkpoint (a file, or an FSDP2 distributed folder, which
     this consolidates), and the tokenizer the datamodule stored in it.
@@ -420,12 +422,8 @@ def load_lightning_checkpoint(path: str | Path) -> tuple[UnifiedModel, TextToken
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ValueError(f"{path}: weights do not fit the model its hyper-parameters name: {err}") from err
-    # Lightning stores `datamodule.state_dict()` under the datamodule's class name; ours holds the tokenizer.
-    tokenizer = None
-    for value in checkpoint.values():
-        if isinstance(value, Mapping) and isinstance(value.get("tokenizer"), str):
-            tokenizer = TextTokenizer.from_json(value["tokenizer"], source=f"{path} (datamodule state)")
-            break
+    text = checkpoint_tokenizer_json(checkpoint)
+    tokenizer = TextTokenizer.from_json(text, source=f"{path} (checkpoint)") if text is not None else None
     return model.eval(), tokenizer
 
 

@@ -12,7 +12,8 @@ an audio codec, context images with a vision encoder), records the router's choi
     routing_iou.png         IoU of the modalities' top-25% experts per layer
     routing_tokens.safetensors   with --save_tokens: every token's modality and chosen experts per layer
 
-    zoo analyze --checkpoint runs/demo/multimodal/checkpoints/last.ckpt --out runs/demo/analysis --batches 8
+    zoo analyze --checkpoint runs/demo/multimodal/latest/checkpoints/last.ckpt \
+        --out runs/demo/analysis --batches 8
     zoo analyze --checkpoint CKPT --out DIR --config configs/pretrain/shapes_image.yaml   # that config's data
 """
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader
@@ -39,6 +40,9 @@ from zoo.datamodules.shapes_render import render_image, render_video, to_tensor
 from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+
+if TYPE_CHECKING:  # the task layer imports this module; only the annotation points up
+    from zoo.tasks.multimodal_eval import MediaRequest
 
 TASKS = (
     "caption",
@@ -227,7 +231,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
     # -- zoo predict --------------------------------------------------------------------------------
     def predict_requests(self) -> list:
         """What `zoo predict` answers: val scenes per enabled task, the extra captions, the files."""
-        from zoo.datamodules.media import load_audio, load_image, load_video
+        from zoo.datamodules.media import MediaError
         from zoo.tasks.multimodal_eval import GENERATION, MediaRequest
 
         if self.tokenizer is None:
@@ -248,21 +252,37 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             for task, opener in (("text_to_image", "<boi>"), ("text_to_audio", "<boa>")):
                 if self.weights[task] > 0:
                     requests.append(MediaRequest(task, f"caption{i:03d}", [*ids, self.vocab.special(opener)]))
-        bos = TextSegment([self.vocab.bos_id])
         for path in self.predict_files:
-            name = Path(path).stem
-            if path.lower().endswith((".wav", ".flac", ".ogg")):
-                document = [bos, AudioSegment(load_audio(path), predict=False)]
-                requests.append(MediaRequest("audio_to_text", name, document=document))
-            elif path.lower().endswith(".gif") or Path(path).is_dir():
-                video = load_video(path, frames=self.video_frames, size=self.image_size)
-                document = [bos, VisualSegment(video, predict=False)]
-                requests.append(MediaRequest("video_to_text", name, document=document))
-            else:
-                pixels = load_image(path, size=self.image_size)
-                media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
-                requests.append(MediaRequest("image_to_text", name, document=[bos, media]))
+            try:
+                requests.append(self.file_request(path))
+            except (MediaError, OSError) as error:  # one bad file is reported; the others are answered
+                requests.append(MediaRequest(self.file_task(path), Path(path).stem, error=str(error)))
         return requests
+
+    @staticmethod
+    def file_task(path: str) -> str:
+        """The understanding task a file asks for, by its kind."""
+        if path.lower().endswith((".wav", ".flac", ".ogg", ".mp3", ".opus")):
+            return "audio_to_text"
+        if path.lower().endswith(".gif") or Path(path).is_dir():
+            return "video_to_text"
+        return "image_to_text"
+
+    def file_request(self, path: str) -> MediaRequest:
+        """A caption request for an image, a video or an audio file."""
+        from zoo.datamodules.media import load_audio, load_image, load_video
+        from zoo.tasks.multimodal_eval import MediaRequest
+
+        bos, task = TextSegment([self.vocab.bos_id]), self.file_task(path)
+        if task == "audio_to_text":
+            media = AudioSegment(load_audio(path), predict=False)
+        elif task == "video_to_text":
+            video = load_video(path, frames=self.video_frames, size=self.image_size)
+            media = VisualSegment(video, predict=False)
+        else:
+            pixels = load_image(path, size=self.image_size)
+            media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
+        return MediaRequest(task, Path(path).stem, document=[bos, media])
 
     def predict_dataloader(self) -> DataLoader:
         from zoo.tasks.multimodal_eval import MediaRequests

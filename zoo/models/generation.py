@@ -121,7 +121,7 @@ def generate_text(
     for _ in range(max_new_tokens):
         batch = text_batch(step_ids, step_doc, step_index)
         hidden = model.backbone(model.embed(batch), batch, elastic=elastic, cache=cache).hidden
-        token = sample_next(model.text_head.logits(hidden[:, -1]), temperature, top_k, top_p, generator)
+        token = sample_next(model.sampling_logits(hidden[:, -1]), temperature, top_k, top_p, generator)
         for row in range(b):
             if not done[row]:
                 out[row].append(int(token[row]))
@@ -174,10 +174,10 @@ def speculative_generate(
             AttentionContext(ctx.cos, ctx.sin, ctx.mask, mtp_cache, ctx.start),
         )
         mtp_cache.length = ctx.start + len(next_ids)
-        return int(model.text_head.logits(state[:, -1]).argmax(-1))
+        return int(model.sampling_logits(state[:, -1]).argmax(-1))
 
     hidden = run(prompt, 0)
-    pending = int(model.text_head.logits(hidden[:, -1]).argmax(-1))
+    pending = int(model.sampling_logits(hidden[:, -1]).argmax(-1))
     out = [pending]
     # MTP position i needs t_{i+1}: the prompt's positions take their successors, the last takes `pending`.
     guess = draft(hidden, prompt[1:] + [pending], 0)
@@ -185,7 +185,7 @@ def speculative_generate(
     while len(out) < max_new_tokens and out[-1] not in stops:
         n = cache.length
         hidden = run([pending, guess], n)
-        logits = model.text_head.logits(hidden[0])
+        logits = model.sampling_logits(hidden[0])
         verified, after = int(logits[0].argmax()), int(logits[1].argmax())
         proposed += 1
         if verified == guess:

@@ -191,7 +191,7 @@ def generate_text_after(
     done = torch.zeros(b, dtype=torch.bool, device=t.device)
     out: list[list[int]] = [[] for _ in range(b)]
     for _ in range(max_new_tokens):
-        token = sample_next(model.text_head.logits(hidden), temperature, top_k, top_p, generator)
+        token = sample_next(model.sampling_logits(hidden), temperature, top_k, top_p, generator)
         for row in range(b):
             if not done[row]:
                 out[row].append(int(token[row]))

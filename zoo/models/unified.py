@@ -115,6 +115,24 @@ class UnifiedModel(Configurable, nn.Module):
             self.context_proj = nn.Identity() if out_dim == dim else nn.Linear(out_dim, dim, bias=False)
         self.ncp_depth_layers = ncp_depth_layers
         self.visual_loss_weight, self.audio_loss_weight = visual_loss_weight, audio_loss_weight
+        # How many text ids the tokenizer in use defines (`decode_text_with`); None: all of vocab.text_size.
+        self.decodable_text_ids: int | None = None
+
+    def decode_text_with(self, tokenizer_size: int | None) -> None:
+        """Generate only text ids a tokenizer of `tokenizer_size` ids can decode: the vocabulary may reserve
+        more (`vocab.text_size`), and an untrained id sampled by chance decodes as U+2047. None lifts it."""
+        if tokenizer_size is not None and not 0 < tokenizer_size <= self.vocab.text_size:
+            raise ValueError(f"tokenizer_size must lie in 1..{self.vocab.text_size}, got {tokenizer_size}")
+        self.decodable_text_ids = tokenizer_size
+
+    def sampling_logits(self, hidden: Tensor) -> Tensor:
+        """The text head's logits for generation, with the ids the tokenizer cannot decode at -inf."""
+        logits = self.text_head.logits(hidden)
+        if self.decodable_text_ids is None or self.decodable_text_ids == self.vocab.text_size:
+            return logits
+        start = self.vocab.text_offset + self.decodable_text_ids
+        unused = torch.arange(start, self.vocab.visual_offset, device=logits.device)
+        return logits.index_fill(-1, unused, -torch.inf)
 
     # The frozen tokenizers live inside their heads; these give them back under their argument names
     # (configuration records and `zoo.config.to_config` read them).

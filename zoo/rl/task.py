@@ -71,6 +71,7 @@ from zoo.rl.replay import sequence_logprobs
 from zoo.rl.rollout import InferenceEngine, Precision, Rollout
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.verifiers import VerifierPool, verifier_for
+from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
 
 warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
 warnings.filterwarnings("ignore", message="Attribute 'scheduler' is an instance of `nn.Module`")
@@ -547,6 +548,7 @@ class RLTask(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        save_tokenizer(self._trainer, checkpoint)
         checkpoint["rl_state"] = {
             "version": self.version,
             "tracker": self.tracker.state_dict(),
@@ -557,6 +559,7 @@ class RLTask(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        restore_tokenizer(self._trainer, checkpoint)
         state = checkpoint.get("rl_state")
         if state:
             self.version = int(state["version"])

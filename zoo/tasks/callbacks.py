@@ -4,6 +4,7 @@ generations with verifier scores, and the writer of `zoo predict` outputs."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -102,34 +103,51 @@ class SampleGenerations(L.Callback):
 
 
 class GenerationWriter(BasePredictionWriter):
-    """Writes `zoo predict` outputs as JSON lines (one per prompt) and prints the texts.
+    """Writes `zoo predict` outputs as JSON lines (one per prompt or file) as each batch is answered, and
+    prints them. A request that could not be answered (a bad file, a prompt too long) gets a row with its
+    "error", said on the terminal too; the others are written all the same.
 
     Args:
-        output: the JSONL file to write.
+        output: the JSONL file to write (replaced at the start of the run).
     """
 
     def __init__(self, output: str = "predictions.jsonl") -> None:
-        super().__init__(write_interval="epoch")
+        super().__init__(write_interval="batch")
         self.output = output
+        self.written = self.failed = 0
 
-    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
-        rows = [row for batch in predictions for row in batch]
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(self.output)
         path.parent.mkdir(parents=True, exist_ok=True)
-        for row in rows:
+        path.write_text("")
+        self.written = self.failed = 0
+
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
+        path = Path(self.output)
+        for row in prediction:
             if isinstance(row.get("media"), torch.Tensor):  # generated image / video / audio: a file beside
                 from zoo.tasks.multimodal_eval import save_media
 
                 folder = path.parent / f"{path.stem}_media"
                 folder.mkdir(exist_ok=True)
                 row["media"] = str(save_media(row["media"], folder / f"{row['task']}_{row['name']}"))
-        with path.open("w") as f:
-            for row in rows:
+        with path.open("a") as f:
+            for row in prediction:
                 f.write(json.dumps(row) + "\n")
-        for row in rows:
+        for row in prediction:
             source = row.get("prompt", row.get("name", row.get("prompt_ids")))
-            print(f"{source!r} -> {row.get('text', row.get('media', row.get('ids')))!r}")
-        print(f"{len(rows)} generations written to {path}")
+            if "error" in row:
+                self.failed += 1
+                print(f"{source!r}: not answered: {row['error']}", file=sys.stderr)
+            else:
+                self.written += 1
+                print(f"{source!r} -> {row.get('text', row.get('media', row.get('ids')))!r}")
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        failed = f" ({self.failed} could not be answered, see their 'error')" if self.failed else ""
+        print(f"{self.written + self.failed} generations written to {self.output}{failed}")
 
 
 class MultimodalGallery(L.Callback):

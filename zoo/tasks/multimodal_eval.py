@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from zoo.datamodules.media import save_gif, save_png, save_spectrogram_png, save_wav
+from zoo.datamodules.sequence import AudioSegment, document_length
 from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.datamodules.shapes_render import verify_image, verify_video
@@ -196,6 +197,7 @@ class MediaRequest:
     prompt: list[int] | None = None
     document: list | None = None
     scene: Scene | None = None
+    error: str | None = None  # why this request cannot be answered (a bad file): reported, others go on
 
 
 class MediaRequests:
@@ -225,6 +227,13 @@ def answer_requests(
     if isinstance(requests, MediaRequests):
         requests = requests.requests
     rows: list[dict[str, object]] = []
+    limit = model.backbone.max_seq_len
+    for request in requests:
+        if request.error is None:
+            request.error = _too_long(request, data, limit, max_caption_tokens, max_audio_frames)
+    for request in (r for r in requests if r.error is not None):
+        rows.append({"task": request.task, "name": request.name, "error": request.error})
+    requests = [r for r in requests if r.error is None]
     for task in dict.fromkeys(r.task for r in requests):
         chosen = [r for r in requests if r.task == task]
         if task in GENERATION:
@@ -253,6 +262,36 @@ def answer_requests(
                     row["scores"] = asdict(verify_caption(text, r.scene, "video" in task))
                 rows.append(row)
     return rows
+
+
+def _too_long(
+    request: MediaRequest,
+    data: ShapesMultimodalDataModule,
+    limit: int,
+    caption_tokens: int,
+    audio_frames: int,
+) -> str | None:
+    """Why a request does not fit the model's context (positions, the limit, what to change), or None."""
+    if request.document is not None:
+        length = document_length(request.document, data.layout)
+        budget, what = caption_tokens, "caption tokens"
+    else:
+        length = len(request.prompt or [])
+        if request.task == "text_to_audio":
+            budget, what = audio_frames + 2, "audio frames"
+        else:
+            frames = data.layout.latent_frames(data.video_frames) if request.task == "text_to_video" else 1
+            budget, what = 2 + frames * data.layout.tokens_per_frame, "visual codes"
+    if length + budget <= limit:
+        return None
+    message = (
+        f"{request.name}: the prompt takes {length} positions and the answer up to {budget} {what}, "
+        f"{length + budget} in all, over the model's max_seq_len of {limit}"
+    )
+    if request.document is not None and any(isinstance(s, AudioSegment) for s in request.document):
+        seconds = max(0, limit - budget - 4) * data.layout.audio_hop / SAMPLE_RATE
+        return message + f"; audio of about {seconds:.1f} s at most fits (cut the file)"
+    return message + ("; use a smaller file" if request.document is not None else "; use a shorter prompt")
 
 
 def save_media(media: Tensor, path: Path, upscale: int = 4) -> Path:

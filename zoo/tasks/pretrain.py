@@ -22,6 +22,7 @@ from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import Parallelism, gathered, is_sharded, parallelize
 from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
 
 # Lightning suggests ignoring injected modules in save_hyperparameters; doing so breaks load_from_checkpoint
 # (DESIGN.md), and the task stores their config instead of the objects, so the advice does not apply.
@@ -113,6 +114,31 @@ class UnifiedPretraining(L.LightningModule):
                 f"the data's vocabulary {vocab} differs from the model's {self.model.vocab}: "
                 "give both the same `vocab`"
             )
+        seq_len = getattr(getattr(datamodule, "builder", None), "seq_len", None)
+        max_seq_len = self.model.backbone.max_seq_len
+        if seq_len is not None and seq_len > max_seq_len:
+            raise ValueError(
+                f"data.seq_len={seq_len} exceeds the backbone's max_seq_len={max_seq_len}: lower "
+                "data.init_args.seq_len or raise model...backbone.init_args.max_seq_len"
+            )
+
+    def _decode_with_data_tokenizer(self) -> None:
+        """Generation samples only text ids the data's tokenizer decodes (after any checkpoint restore)."""
+        tokenizer = getattr(getattr(self._trainer, "datamodule", None), "tokenizer", None)
+        if tokenizer is not None:
+            self.model.decode_text_with(tokenizer.vocab_size)
+
+    def on_train_start(self) -> None:
+        self._decode_with_data_tokenizer()
+
+    def on_predict_start(self) -> None:
+        self._decode_with_data_tokenizer()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        save_tokenizer(self._trainer, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        restore_tokenizer(self._trainer, checkpoint)
 
     def _step(self, batch: GroupBatch, split: str) -> Tensor:
         backbone = self.model.backbone
@@ -193,16 +219,28 @@ class UnifiedPretraining(L.LightningModule):
                     model, datamodule, batch, s.cfg_scale, s.temperature, s.media_top_k,
                     s.max_new_tokens, s.max_audio_frames,
                 )
-        outputs = self.sample(batch)
+        limit, budget = self.model.backbone.max_seq_len, self.sampling.max_new_tokens
+        fitting = [p for p in batch if len(p) + budget <= limit]
+        outputs = iter(self.sample(fitting) if fitting else [])
         decode = getattr(datamodule, "decode", None)
         score = getattr(datamodule, "score_text", None)
         results = []
-        for prompt, ids in zip(batch, outputs, strict=True):
-            row: dict[str, object] = {"prompt_ids": prompt, "ids": ids}
+        for prompt in batch:
+            row: dict[str, object] = {"prompt_ids": prompt}
             if decode is not None:
-                row["prompt"], row["text"] = decode(prompt), decode(ids)
-                if score is not None:
-                    row["scores"] = score(row["prompt"] + row["text"])
+                row["prompt"] = decode(prompt)
+            if len(prompt) + budget > limit:  # reported, and the other prompts are still answered
+                row["error"] = (
+                    f"the prompt has {len(prompt)} tokens and max_new_tokens is {budget}: "
+                    f"{len(prompt) + budget} exceed the model's max_seq_len of {limit}; shorten the prompt "
+                    "or lower --model.init_args.sampling.max_new_tokens"
+                )
+            else:
+                row["ids"] = ids = next(outputs)
+                if decode is not None:
+                    row["text"] = decode(ids)
+                    if score is not None:
+                        row["scores"] = score(row["prompt"] + row["text"])
             results.append(row)
         return results
 

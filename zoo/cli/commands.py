@@ -1,24 +1,9 @@
-"""The `zoo` command: LightningCLI for fit/validate/test/predict, plus a few plain subcommands.
-
-zoo fit --config configs/quickstart.yaml            # train (any component swappable by class_path)
-zoo fit --config configs/quickstart.yaml --print_config
-zoo predict --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
-zoo train-tokenizer --files corpus.txt --vocab_size 8192 --out tokenizer.json
-zoo models                                          # presets with total and active parameters
-zoo export --checkpoint last.ckpt --out exported/ [--depth 0.5 --width 0.5 --topk 0.5]
-zoo push --checkpoint last.ckpt --repo_id user/zoo-tiny [--token T] [--private]
-zoo pull --repo_id user/zoo-tiny --out pulled/
-zoo analyze --checkpoint last.ckpt --out analysis/ [--batches 8] [--config data.yaml]   # routing by modality
-zoo ablate --config base.yaml --variant a= --variant b=overlay.yaml --seeds 0 1 2 --out runs/ablation/
-"""
+"""The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-
-import lightning as L
-from lightning.pytorch.cli import LightningCLI
+from collections.abc import Callable
 
 EXTRA_COMMANDS = {
     "train-tokenizer": "train a byte-level BPE tokenizer on text files",
@@ -30,22 +15,6 @@ EXTRA_COMMANDS = {
     "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
 }
-
-
-class ZooCLI(LightningCLI):
-    """LightningCLI in subclass mode: the task and the datamodule are chosen by `class_path` in YAML."""
-
-    def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
-        super().__init__(
-            model_class=L.LightningModule,
-            datamodule_class=L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},
-            args=args,
-            run=run,
-            auto_configure_optimizers=False,
-        )
 
 
 def models_main(argv: list[str]) -> None:
@@ -136,42 +105,33 @@ def pull_main(argv: list[str]) -> None:
     print(f"pulled {args.repo_id} into {out} ({model.num_parameters():,} parameters)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "train-tokenizer":
-        from zoo.tokenizers.text import train_tokenizer_main
+def _train_tokenizer(argv: list[str]) -> None:
+    from zoo.tokenizers.text import train_tokenizer_main
 
-        train_tokenizer_main(argv[1:])
-        return
-    if argv and argv[0] == "models":
-        models_main(argv[1:])
-        return
-    if argv and argv[0] in ("export", "extract"):
-        export_main(argv[1:], argv[0])
-        return
-    if argv and argv[0] == "push":
-        push_main(argv[1:])
-        return
-    if argv and argv[0] == "pull":
-        pull_main(argv[1:])
-        return
-    if argv and argv[0] == "analyze":
-        from zoo.analysis.command import analyze_main
-
-        analyze_main(argv[1:])
-        return
-    if argv and argv[0] == "ablate":
-        from zoo.ablation import main as ablate_main
-
-        ablate_main(argv[1:])
-        return
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        print("Extra commands: " + "; ".join(f"{k}: {v}" for k, v in EXTRA_COMMANDS.items()))
-    import zoo  # noqa: F401  (registers presets; checkpoints name zoo classes)
-
-    ZooCLI(args=argv)
+    train_tokenizer_main(argv)
 
 
-if __name__ == "__main__":
-    main()
+def _analyze(argv: list[str]) -> None:
+    from zoo.analysis.command import analyze_main
+
+    analyze_main(argv)
+
+
+def _ablate(argv: list[str]) -> None:
+    from zoo.ablation import main as ablate_main
+
+    ablate_main(argv)
+
+
+def extra_command(name: str) -> Callable[[list[str]], None] | None:
+    """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
+    return {
+        "train-tokenizer": _train_tokenizer,
+        "models": models_main,
+        "export": lambda argv: export_main(argv, "export"),
+        "extract": lambda argv: export_main(argv, "extract"),
+        "push": push_main,
+        "pull": pull_main,
+        "analyze": _analyze,
+        "ablate": _ablate,
+    }.get(name)
