@@ -110,7 +110,14 @@ def allowed_imports() -> tuple[str, ...]:
 def enforce_import_allowlist() -> None:
     """Make jsonargparse refuse every import path a parsed value names unless `allowed_imports` covers it.
 
-    The setting is process-wide; calling it again re-reads `ZOO_ALLOW_IMPORTS`."""
+    The setting is process-wide and jsonargparse only adds to it; calling this again re-reads
+    `ZOO_ALLOW_IMPORTS` and denies again what an earlier call allowed and the variable no longer names."""
     from jsonargparse import set_parsing_settings
 
-    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(allowed_imports()))
+    allowed = allowed_imports()
+    withdrawn = sorted(_granted - set(allowed))
+    set_parsing_settings(import_path_denylist=["*", *withdrawn], import_path_allowlist=list(allowed))
+    _granted.update(allowed)
+
+
+_granted: set[str] = set()  # every prefix some call of `enforce_import_allowlist` allowed in this process

@@ -188,9 +188,12 @@ class ZooCLI(LightningCLI):
         if problems:
             listed = "\n".join(f"  {p}" for p in problems[:8])
             more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
+            spec = model_spec(self.checkpoint)
+            differences = config_differences(spec, self._section()["model"]) if spec else {}
+            keys = f"\nwhere the config differs:\n{describe_differences(differences)}" if differences else ""
             raise ValueError(
                 f"--ckpt_path {self.checkpoint.path}: the configured model does not match the checkpoint's "
-                f"weights ({len(problems)} tensors):\n{listed}{more}\n"
+                f"weights ({len(problems)} tensors):\n{listed}{more}{keys}\n"
                 "Use the config the checkpoint was trained with (its model section), or a matching one."
             )
         tokenizer = self.checkpoint.tokenizer
