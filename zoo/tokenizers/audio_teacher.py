@@ -4,8 +4,9 @@ The codec's first RVQ level is distilled toward a teacher's features, one vector
 teacher is a swappable component: every teacher maps waveforms `[B, N]` (16 kHz, zero-padded past
 `lengths`) to features `[B, ceil(N / hop), dim]` aligned to the codec's frames, without gradients.
 
-- `WhisperTeacher`: a Whisper encoder through `transformers` (ERNIE 5.0's and Baichuan-Audio's choice);
-  an optional extra, imported only when the teacher is built.
+- `WhisperTeacher`: a Whisper encoder through `transformers` (ERNIE 5.0's and Baichuan-Audio's choice),
+  loaded from a local folder, clips windowed in 30 s pieces; an optional extra, imported only when the
+  teacher is built.
 - `MelStatisticsTeacher`: a built-in, download-free teacher for tests and offline runs: normalised
   log-mel statistics per frame through a fixed random projection. It carries spectral shape, not words,
   so it makes level 1 "spectral" rather than semantic; use the Whisper teacher for real speech.
@@ -13,7 +14,9 @@ teacher is a swappable component: every teacher maps waveforms `[B, N]` (16 kHz,
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -191,21 +194,86 @@ class WordIdentityTeacher(Configurable, AudioTeacher):
         return self.embeddings[self.word_ids(wave, lengths, hop)]
 
 
+def span_average(features: Tensor, frame_samples: int, length: int, hop: int, frames: int) -> Tensor:
+    """Average `[T, D]` features, frame t covering samples `[t * frame_samples, (t + 1) * frame_samples)`,
+    over each codec frame's span `[f * hop, (f + 1) * hop)`, cut at `length`: `[frames, D]`.
+
+    Each input frame counts by the samples it shares with the span, so any hop works; with hop 640 and
+    Whisper's 320-sample frames, codec frame f is exactly the mean of Whisper frames 2f and 2f + 1. Samples
+    at or past `length` (padding) never count; a codec frame with none left is zero.
+    """
+    starts = torch.arange(frames, device=features.device) * hop
+    ends = (starts + hop).clamp(max=length)
+    starts = starts.clamp(max=length)
+    # a span of `hop` samples touches at most hop // frame_samples + 2 input frames
+    index = starts[:, None] // frame_samples + torch.arange(hop // frame_samples + 2, device=features.device)
+    lo = torch.maximum(index * frame_samples, starts[:, None])
+    hi = torch.minimum((index + 1) * frame_samples, ends[:, None])
+    weight = (hi - lo).clamp_min(0).to(features.dtype)  # [frames, K] samples shared with the span
+    if features.shape[0] == 0:
+        return features.new_zeros(frames, features.shape[1])
+    picked = features[index.clamp(max=features.shape[0] - 1)]  # indices past the end carry weight 0
+    return (picked * weight[..., None]).sum(1) / weight.sum(1, keepdim=True).clamp_min(1.0)
+
+
+def check_whisper_folder(folder: Path) -> None:
+    """Refuse, naming the file at fault, anything but a local Whisper folder with safetensors weights."""
+    expected = "a Whisper model folder: config.json, preprocessor_config.json and model.safetensors"
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"WhisperTeacher: no folder at {folder} (expected {expected}). Whisper is loaded from a local "
+            f"folder, never downloaded; on a machine with network: "
+            f"huggingface-cli download openai/whisper-base --local-dir {folder}"
+        )
+    config = folder / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"WhisperTeacher: cannot read {config} ({err}); expected {expected}") from err
+    if model_type != "whisper":
+        raise ValueError(f"WhisperTeacher: {config} has model_type {model_type!r}, expected 'whisper'")
+    if not (folder / "preprocessor_config.json").is_file():
+        raise ValueError(f"WhisperTeacher: {folder} has no preprocessor_config.json (expected {expected})")
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(
+            f"WhisperTeacher: {folder} has no .safetensors weights (expected {expected}); pickled .bin "
+            f"weights are never loaded"
+        )
+
+
 class WhisperTeacher(Configurable, AudioTeacher):
-    """A frozen Whisper encoder (`transformers`), ERNIE 5.0's audio teacher; its 50 Hz hidden states are
-    resampled to the codec's frames. Needs the optional extra: `pip install multimodal-zoo[whisper]`.
+    """A frozen Whisper encoder (`transformers`), ERNIE 5.0's audio teacher, loaded from a local folder.
+
+    Whisper hears 30 s at a time (its encoder accepts nothing else), so each clip is cut into 30 s windows,
+    each zero-padded on its own by Whisper's feature extractor; the windows' 50 Hz frames (320 samples
+    each at 16 kHz) are concatenated and averaged over each codec frame's span (`span_average`: hop 640
+    is exactly two Whisper frames). A clip's features therefore depend only on its own samples: never on
+    the rows it is batched with, nor on the padding past its length. Codec frames with no valid sample are
+    zero (the task's frame mask leaves them out of the loss).
+
+    Needs the optional extra `pip install multimodal-zoo[whisper]` (`transformers`, imported only here).
+    A folder comes from `huggingface-cli download openai/whisper-base --local-dir PATH` on a machine with
+    network; loading never goes online (`local_files_only`) and reads safetensors only.
 
     Args:
-        model_name_or_path: a hub id (e.g. "openai/whisper-base") or a local folder.
-        layer: which hidden state to return (-1: the encoder output; SpeechTokenizer averages HuBERT
-            layers, Whisper's last layer is the usual choice).
+        path: local folder of a Whisper model (config.json, preprocessor_config.json, model.safetensors).
+        layer: which hidden state, indexed as in `transformers`' `hidden_states` (0: the convolutional
+            embeddings, k: after k encoder blocks, -1 or L: the encoder's output after its final LayerNorm).
+            Any other layer is the un-normalised residual stream, whose scale grows with depth and from
+            frame to frame; it is layer-normalised per frame (no learned scale or shift), as the last layer
+            is, so that every layer enters the distillation loss on the same footing and no loud frame
+            dominates SpeechTokenizer's cosine along time. Blocks after the chosen layer are dropped at
+            load: never run, never stored.
         sample_rate: waveform sample rate in Hz (Whisper expects 16 kHz).
+        window_batch_size: 30 s windows per encoder call (bounds memory on long clips and big batches).
     """
 
-    def __init__(self, model_name_or_path: str, layer: int = -1, sample_rate: int = 16000) -> None:
+    def __init__(
+        self, path: str, layer: int = -1, sample_rate: int = 16000, window_batch_size: int = 16
+    ) -> None:
         super().__init__()
         try:
-            from transformers import WhisperFeatureExtractor, WhisperModel
+            from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperModel
         except ImportError as err:
             raise ImportError(
                 "WhisperTeacher needs the `transformers` package, which is an optional extra: "
@@ -214,19 +282,69 @@ class WhisperTeacher(Configurable, AudioTeacher):
             ) from err
         if sample_rate != 16000:
             raise ValueError(f"WhisperTeacher: Whisper expects 16000 Hz input, got sample_rate={sample_rate}")
-        self.model_name_or_path, self.layer, self.sample_rate = model_name_or_path, layer, sample_rate
-        self.extractor = WhisperFeatureExtractor.from_pretrained(model_name_or_path)
-        self.encoder = WhisperModel.from_pretrained(model_name_or_path).get_encoder()
-        self.encoder.requires_grad_(False)
-        self.dim = int(self.encoder.config.d_model)
+        if window_batch_size < 1:
+            raise ValueError(f"WhisperTeacher: window_batch_size must be >= 1, got {window_batch_size}")
+        folder = Path(path).expanduser()
+        check_whisper_folder(folder)
+        self.path, self.layer, self.sample_rate = path, layer, sample_rate
+        self.window_batch_size = window_batch_size
+        self.extractor = WhisperFeatureExtractor.from_pretrained(folder, local_files_only=True)
+        if torch.empty(()).device.type == "meta":
+            # a meta build (config checks) holds no storage: the architecture alone, weights unread
+            model = WhisperModel(WhisperConfig.from_pretrained(folder, local_files_only=True))
+        else:
+            model = WhisperModel.from_pretrained(folder, local_files_only=True, use_safetensors=True)
+        encoder = model.get_encoder().float()
+        blocks = len(encoder.layers)
+        if not -(blocks + 1) <= layer <= blocks:
+            raise ValueError(
+                f"WhisperTeacher: {folder} has {blocks} encoder blocks, so layer must be in "
+                f"[{-(blocks + 1)}, {blocks}] (hidden_states indexing), got {layer}"
+            )
+        index = layer % (blocks + 1)
+        self.normalise = index < blocks
+        if self.normalise:
+            encoder.layers = encoder.layers[:index]
+            encoder.layer_norm = nn.Identity()
+        self.encoder = encoder.requires_grad_(False)
+        self.dim = int(encoder.config.d_model)
+        # Whisper frames: the mel hop times the encoder's two convolution strides (160 * 1 * 2 = 320)
+        self.frame_samples = self.extractor.hop_length * encoder.conv1.stride[0] * encoder.conv2.stride[0]
+        self.window = self.extractor.n_samples
+        if self.window != encoder.config.max_source_positions * self.frame_samples:
+            raise ValueError(
+                f"WhisperTeacher: {folder}: the feature extractor's {self.window}-sample window does not "
+                f"give the encoder's {encoder.config.max_source_positions} frames of {self.frame_samples}"
+            )
         self.eval()
+
+    def _encode_windows(self, windows: list[np.ndarray]) -> Tensor:
+        """Hidden states `[W, 1500, dim]` of 30 s windows (each zero-padded to 30 s on its own)."""
+        parameter = next(self.encoder.parameters())
+        out = []
+        for first in range(0, len(windows), self.window_batch_size):
+            chunk = windows[first : first + self.window_batch_size]
+            inputs = self.extractor(chunk, sampling_rate=self.sample_rate, return_tensors="pt")
+            mel = inputs.input_features.to(device=parameter.device, dtype=parameter.dtype)
+            hidden = self.encoder(mel).last_hidden_state.float()
+            out.append(F.layer_norm(hidden, hidden.shape[-1:]) if self.normalise else hidden)
+        return torch.cat(out)
 
     def features(self, wave: Tensor, lengths: Tensor, hop: int) -> Tensor:
         frames = frame_count(wave.shape[1], hop)
         clips = [w[: int(n)].float().cpu().numpy() for w, n in zip(wave, lengths, strict=True)]
-        inputs = self.extractor(clips, sampling_rate=self.sample_rate, return_tensors="pt")
-        features = inputs.input_features.to(device=wave.device, dtype=next(self.encoder.parameters()).dtype)
-        out = self.encoder(features, output_hidden_states=True)
-        hidden = out.hidden_states[self.layer].float()  # [B, 1500, D] at 50 Hz for the padded 30 s
-        whisper_frames = math.ceil(wave.shape[1] * 50 / self.sample_rate)
-        return to_frames(hidden[:, :whisper_frames], frames)
+        windows, owner = [], []
+        for row, clip in enumerate(clips):
+            for start in range(0, clip.size, self.window):
+                windows.append(clip[start : start + self.window])
+                owner.append(row)
+        out = torch.zeros(wave.shape[0], frames, self.dim, device=wave.device)
+        if not windows:
+            return out
+        hidden = self._encode_windows(windows).to(wave.device)
+        owners = torch.tensor(owner, device=hidden.device)
+        for row, clip in enumerate(clips):
+            if clip.size:  # the clip's windows, in order: one 50 Hz sequence covering all its samples
+                sequence = hidden[owners == row].reshape(-1, self.dim)
+                out[row] = span_average(sequence, self.frame_samples, clip.size, hop, frames)
+        return out
