@@ -227,7 +227,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
     # -- zoo predict --------------------------------------------------------------------------------
     def predict_requests(self) -> list:
         """What `zoo predict` answers: val scenes per enabled task, the extra captions, the files."""
-        from zoo.datamodules.media import load_audio, load_image, load_video
+        from zoo.media import load_audio, load_image, load_video
         from zoo.tasks.multimodal_eval import GENERATION, MediaRequest
 
         if self.tokenizer is None:
