@@ -50,55 +50,61 @@ class PyAVClip:
                 f"{where}: cannot read video ({error}); expected an intact MP4/WebM/MKV/AVI file, a GIF or a "
                 "folder of frames"
             ) from error
-        if not self.container.streams.video:
+        try:
+            self._describe(max_pixels)
+        except MediaError:
             self.container.close()
-            raise MediaError(f"{where}: no video stream (an empty, truncated or audio-only file)")
-        self.stream = self.container.streams.video[0]
-        self.stream.thread_type = "AUTO"
-        self.stream.codec_context.thread_count = 1 if _in_worker() else 0
-        refuse_oversized(self.stream.codec_context.width, self.stream.codec_context.height, max_pixels, where)
-        base = self.stream.time_base
-        self.begin = float(self.stream.start_time * base) if self.stream.start_time is not None else 0.0
-        rate = self.stream.average_rate or self.stream.guessed_rate or self.stream.base_rate
+            raise
+        self.decoded_end, self.decoded = self.begin, 0
+
+    def _describe(self, max_pixels: int) -> None:
+        """The stream's header facts: first time, nominal rate, declared duration; the pixel cap."""
+        if not self.container.streams.video:
+            raise MediaError(f"{self.where}: no video stream (an empty, truncated or audio-only file)")
+        self.stream = stream = self.container.streams.video[0]
+        stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = 1 if _in_worker() else 0
+        refuse_oversized(stream.codec_context.width, stream.codec_context.height, max_pixels, self.where)
+        self.begin = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
         self.rate = float(rate) if rate else None
-        if self.stream.duration is not None:
-            self.declared = float(self.stream.duration * base)
+        if stream.duration is not None:
+            self.declared: float | None = float(stream.duration * stream.time_base)
         elif self.container.duration is not None:
             self.declared = self.container.duration / av.time_base
         else:
             self.declared = None
-        self.decoded_end, self.decoded = self.begin, 0
 
     def _frames(self, from_time: float, interval: float) -> Iterator[Frame[av.VideoFrame]]:
         """Decoded frames in order, starting at or before `from_time` (seeking when it is worth it)."""
-        if from_time - self.begin > _SEEK_AFTER:
+        seeked = from_time - self.begin > _SEEK_AFTER
+        if seeked:
             try:
-                self.container.seek(
-                    round(from_time / self.stream.time_base), stream=self.stream, backward=True
-                )
+                self.container.seek(round(from_time / self.stream.time_base), stream=self.stream)
             except av.FFmpegError:
                 self.container.seek(0)
+                seeked = False
         previous: float | None = None
         try:
             for frame in self.container.decode(self.stream):
-                time = (
-                    frame.time if frame.time is not None else (previous or self.begin - interval) + interval
-                )
-                if previous is None and time > from_time + TIMESTAMP_SLACK * interval and time > self.begin:
+                if frame.time is not None:
+                    time = frame.time
+                else:  # no timestamp: one nominal interval after the previous frame
+                    time = self.begin if previous is None else previous + interval
+                if seeked and previous is None and time > from_time + TIMESTAMP_SLACK * interval:
                     # The seek overshot (an index that lies): decode from the beginning instead.
                     self.container.seek(0)
+                    self.decoded_end, self.decoded = self.begin, 0
                     yield from self._frames(self.begin, interval)
                     return
-                length = (
-                    float(frame.duration * frame.time_base) if frame.duration and frame.time_base else 0.0
-                )
+                shown = float(frame.duration * frame.time_base) if frame.duration and frame.time_base else 0.0
                 previous, self.decoded = time, self.decoded + 1
-                self.decoded_end = max(self.decoded_end, time + (length or interval))
-                yield Frame(time, length or interval, frame)
+                self.decoded_end = max(self.decoded_end, time + (shown or interval))
+                yield Frame(time, shown or interval, frame)
         except av.FFmpegError as error:
             raise MediaError(
-                f"{self.where}: cannot decode the video after {self.decoded_end:.3f} s ({error}); "
-                "expected an intact file (truncated or corrupt?)"
+                f"{self.where}: cannot decode the video after {self.decoded_end - self.begin:.3f} s "
+                f"({error}); expected an intact file (truncated or corrupt?)"
             ) from error
 
     def read(self, spec: ClipSpec) -> tuple[list[np.ndarray], bool]:
@@ -167,8 +173,10 @@ class TorchcodecClip:
         if not meta.num_frames:
             raise MediaError(f"{where}: the video holds no frames (an empty or truncated file)")
         refuse_oversized(meta.width or 0, meta.height or 0, max_pixels, where)
-        self.begin, self.end = float(meta.begin_stream_seconds), float(meta.end_stream_seconds)
         self.rate = float(meta.average_fps or 25.0)
+        self.begin = float(meta.begin_stream_seconds or 0.0)
+        end = meta.end_stream_seconds
+        self.end = float(end) if end is not None else self.begin + meta.num_frames / self.rate
 
     def read(self, spec: ClipSpec) -> tuple[list[np.ndarray], bool]:
         rate = spec.fps or self.rate

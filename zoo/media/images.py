@@ -32,7 +32,7 @@ DEFAULT_MAX_PIXELS = 89_478_485
 
 _ORIENTATION = 0x0112
 _SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the picture by a quarter
-_PILLOW_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error)
+PILLOW_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
 def rgb_array(image: Image.Image, where: str) -> np.ndarray:
@@ -93,7 +93,7 @@ def _open(source: MediaSource, where: str) -> Image.Image:
             f"{where}: refused as a decompression bomb ({error}); Pillow refuses above "
             f"{2 * Image.MAX_IMAGE_PIXELS:,} pixels whatever max_pixels says"
         ) from error
-    except _PILLOW_ERRORS as error:
+    except PILLOW_ERRORS as error:
         raise MediaError(f"{where}: cannot read image ({error}); expected an intact image file") from error
 
 
@@ -148,7 +148,7 @@ def decode_image(
         _draft(image, target, fit)
         try:
             image.load()
-        except _PILLOW_ERRORS as error:
+        except PILLOW_ERRORS as error:
             raise MediaError(
                 f"{where}: cannot decode image ({error}); expected an intact, complete image file"
             ) from error

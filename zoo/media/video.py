@@ -26,8 +26,8 @@ from zoo.media.clips import ClipSpec, ClipStart, Frame, ShortVideo, complete, pl
 from zoo.media.containers import Backend, open_container
 from zoo.media.errors import MediaError, MediaSource, describe, existing, is_bytes, warn_once
 from zoo.media.images import (
-    _PILLOW_ERRORS,
     DEFAULT_MAX_PIXELS,
+    PILLOW_ERRORS,
     check_max_pixels,
     decode_image,
     refuse_oversized,
@@ -70,7 +70,7 @@ def _gif_clip(
                 ms = ms if ms > _SHORTEST_GIF_FRAME_MS else 100
                 frames.append(Frame(time, ms / 1000, rgb_array(frame.convert("RGBA"), where)))
                 time += ms / 1000
-    except _PILLOW_ERRORS as error:
+    except PILLOW_ERRORS as error:
         if isinstance(error, MediaError):
             raise
         raise MediaError(f"{where}: cannot read video ({error}); expected an intact GIF") from error
