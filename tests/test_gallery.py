@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from zoo.datamodules.media import save_spectrogram_png
 from zoo.datamodules.shapes import ShapesWorld, verify_caption
 from zoo.datamodules.shapes_render import render_image, render_video, to_tensor, verify_image
 from zoo.datamodules.shapes_speech import render_speech, verify_speech
+from zoo.media import save_spectrogram_png
 from zoo.tasks.multimodal_eval import Evaluation, Sample, write_gallery
 
 

@@ -11,20 +11,19 @@ import soundfile as sf
 import torch
 from PIL import Image
 
-from zoo.datamodules.media import (
-    MediaError,
-    load_audio,
-    load_image,
-    load_video,
-    read_manifest,
-    save_gif,
-    save_png,
-    save_wav,
-)
+from zoo.datamodules.manifests import read_manifest
 from zoo.datamodules.media_data import ManifestMediaDataModule
 from zoo.datamodules.shapes import ShapesWorld
 from zoo.datamodules.shapes_render import render_image, render_video, to_tensor, verify_image, verify_video
 from zoo.datamodules.shapes_speech import render_speech, verify_speech
+from zoo.media import MediaError, load_audio, load_image, load_video, save_gif, save_png, save_wav
+from zoo.media.errors import reset_notices
+
+
+@pytest.fixture(autouse=True)
+def fresh_notices():
+    """Notices are said once per process; each test starts as a fresh process would."""
+    reset_notices()
 
 
 def tone(n=16000, rate=16000, amplitude=0.3) -> np.ndarray:
@@ -133,13 +132,15 @@ def test_other_rates_are_resampled_and_said_once_and_stereo_is_downmixed(tmp_pat
     sf.write(tmp_path / "b.wav", tone(44100, 44100), 44100)
     stereo = np.stack([tone(), -0.5 * tone()], axis=1)
     sf.write(tmp_path / "stereo.wav", stereo, 16000)
-    with caplog.at_level(logging.INFO, logger="zoo.datamodules.media"):
+    with caplog.at_level(logging.INFO, logger="zoo.media"):
         a = load_audio(tmp_path / "a.wav")
         load_audio(tmp_path / "b.wav")
         mono = load_audio(tmp_path / "stereo.wav")
     assert a.shape == (16000,)
-    assert sum("resampling audio from 44100 Hz" in r.message for r in caplog.records) == 1
-    assert any("downmixing 2-channel" in r.message for r in caplog.records)
+    resampled = [r for r in caplog.records if "resampling audio from 44100 Hz" in r.message]
+    assert len(resampled) == 1 and resampled[0].levelno == logging.WARNING
+    downmixed = [r for r in caplog.records if "downmixing 2-channel" in r.message]
+    assert len(downmixed) == 1 and downmixed[0].levelno == logging.WARNING
     assert torch.allclose(mono, torch.from_numpy(stereo.mean(1)).float(), atol=1e-4)
 
 

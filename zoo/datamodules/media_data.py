@@ -205,7 +205,7 @@ class _ManifestLoader:
     sample_rate: int
 
     def __call__(self, sample: dict) -> dict[str, Any]:
-        from zoo.datamodules import media
+        from zoo import media
 
         if self.kind == "image":
             item: dict[str, Any] = {"pixels": media.load_image(sample["image"], self.size)}
@@ -228,7 +228,7 @@ class _ManifestDataset(Dataset):
 
 
 class ManifestMediaDataModule(L.LightningDataModule):
-    """Real images, videos or audio listed in jsonl manifests (see `zoo.datamodules.media.read_manifest`).
+    """Real images, videos or audio listed in jsonl manifests (see `zoo.datamodules.manifests.read_manifest`).
 
     Every line of a manifest must be of `kind`. Batches are {"pixels": ...} or {"audio": ...,
     "audio_lengths": ...} as from `ShapesMediaDataModule`, plus "index" (the sample's position in its
@@ -272,7 +272,8 @@ class ManifestMediaDataModule(L.LightningDataModule):
 
     def samples(self, split: str) -> list[dict]:
         """The manifest lines of "train" or "val" (read and checked once)."""
-        from zoo.datamodules.media import MediaError, read_manifest
+        from zoo.datamodules.manifests import read_manifest
+        from zoo.media import MediaError
 
         if split not in self._samples:
             path = self.val_manifest if split != "train" and self.val_manifest else self.train_manifest

@@ -231,7 +231,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
     # -- zoo predict --------------------------------------------------------------------------------
     def predict_requests(self) -> list:
         """What `zoo predict` answers: val scenes per enabled task, the extra captions, the files."""
-        from zoo.datamodules.media import MediaError
+        from zoo.media import MediaError
         from zoo.tasks.multimodal_eval import GENERATION, MediaRequest
 
         if self.tokenizer is None:
@@ -261,16 +261,14 @@ class ShapesMultimodalDataModule(DocumentDataModule):
 
     @staticmethod
     def file_task(path: str) -> str:
-        """The understanding task a file asks for, by its kind."""
-        if path.lower().endswith((".wav", ".flac", ".ogg", ".mp3", ".opus")):
-            return "audio_to_text"
-        if path.lower().endswith(".gif") or Path(path).is_dir():
-            return "video_to_text"
-        return "image_to_text"
+        """The understanding task a file asks for, by its kind (`zoo.media.kind_of`; unknown: an image)."""
+        from zoo.media import kind_of
+
+        return {"audio": "audio_to_text", "video": "video_to_text"}.get(kind_of(path) or "", "image_to_text")
 
     def file_request(self, path: str) -> MediaRequest:
         """A caption request for an image, a video or an audio file."""
-        from zoo.datamodules.media import load_audio, load_image, load_video
+        from zoo.media import load_audio, load_image, load_video
         from zoo.tasks.multimodal_eval import MediaRequest
 
         bos, task = TextSegment([self.vocab.bos_id]), self.file_task(path)

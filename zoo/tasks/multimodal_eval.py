@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from zoo.datamodules.media import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.datamodules.sequence import AudioSegment, document_length
 from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.datamodules.shapes_render import verify_image, verify_video
 from zoo.datamodules.shapes_speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
+from zoo.media.writing import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
 from zoo.models.unified import UnifiedModel
