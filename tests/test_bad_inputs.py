@@ -162,7 +162,7 @@ def test_a_resume_with_a_changed_model_config_names_the_keys_and_goes_on_only_wh
         ZooCLI(args=["fit", *args], run=True)
     resumed = ZooCLI(args=["fit", *args, "--ckpt_overrides=allow"], run=True)
     assert resumed.trainer.global_step == 3
-    assert resumed.run_dir == root / "version_0", "a resume continues in its own run folder"
+    assert resumed.run_folder == root / "version_0", "a resume continues in its own run folder"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 3
 
 
@@ -177,7 +177,7 @@ def test_a_checkpoint_of_another_run_root_is_refused_unless_allowed(trained, tmp
         main(args)
     assert not elsewhere.exists() or not any(elsewhere.iterdir()), "nothing written for a refused run"
     cli = ZooCLI(args=[*args, "--ckpt_overrides=allow"], run=True)
-    assert cli.run_dir == elsewhere / "version_0" and (elsewhere / "latest").resolve() == cli.run_dir
+    assert cli.run_folder == elsewhere / "version_0" and (elsewhere / "latest").resolve() == cli.run_folder
 
 
 def test_a_model_that_does_not_fit_the_checkpoint_is_refused_before_its_weights_load(trained, tmp_path):

@@ -215,7 +215,7 @@ def test_the_tokenizer_refiner_config_builds_the_tokenizer_that_its_training_con
     used = refiner["model"]["init_args"]["degradation"]["init_args"]["tokenizer"]
     trained = trainer["model"]["init_args"]["tokenizer"]
     root = Path(trainer["trainer"]["default_root_dir"])
-    assert Path(used["init_args"]["weights"]) == root / "visual_tokenizer.safetensors"
+    assert Path(used["init_args"]["weights"]) == root / "latest" / "visual_tokenizer.safetensors"
     built = [
         build_from_config({**spec, "init_args": {**spec["init_args"], "weights": None}})
         for spec in (used, trained)

@@ -58,6 +58,7 @@ def start(command: list[str], tmp_path: Path, name: str) -> subprocess.Popen:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
         "OMP_NUM_THREADS": "1",
+        "ZOO_ALLOW_IMPORTS": "test_resume_fsdp",  # the callbacks below, named by class_path (zoo.trust)
     }
     with open(tmp_path / f"{name}.out", "w") as out:
         return subprocess.Popen(
@@ -105,7 +106,9 @@ def test_a_two_process_fsdp_run_killed_mid_epoch_resumes_from_its_dcp_checkpoint
     saved_step = torch.load(last / "meta.pt", map_location="cpu", weights_only=True)["global_step"]
     assert saved_step % STEPS_PER_EPOCH != 0 and saved_step < HANG_AT, "the checkpoint must be mid-epoch"
 
-    resumed = start(fit_command(tmp_path, "resumed", f"--ckpt_path={last}"), tmp_path, "resumed")
+    # The resume continues the killed run in its own run folder (zoo.cli.runs), hence its root.
+    resume = fit_command(tmp_path, "resumed", f"--ckpt_path={last}", f"--trainer.default_root_dir={tmp_path / 'killed'}")
+    resumed = start(resume, tmp_path, "resumed")
     finish(full, tmp_path, "full")
     finish(resumed, tmp_path, "resumed")
 

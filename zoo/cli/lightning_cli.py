@@ -46,7 +46,7 @@ class ZooCLI(LightningCLI):
         enforce_import_allowlist()
         show_zoo_messages()
         self.checkpoint: CheckpointSummary | None = None
-        self.run_dir: Path | None = None
+        self.run_folder: Path | None = None
         inherited = os.environ.get(RUN_DIR_ENV)
         try:
             super().__init__(
@@ -113,11 +113,11 @@ class ZooCLI(LightningCLI):
                 resume_dir = self._resumed_run(config)
         root = config["trainer"].get("default_root_dir")
         if self.subcommand == "fit":
-            self.run_dir = choose_run_dir(Path(root or "runs/default"), resume_dir)
+            self.run_folder = choose_run_dir(Path(root or "runs/default"), resume_dir)
             if RUN_DIR_ENV not in os.environ:
-                print(f"run folder: {self.run_dir}", flush=True)
-                os.environ[RUN_DIR_ENV] = str(self.run_dir)  # ranks started by Lightning's launcher
-            place_outputs(config["trainer"], self.run_dir)
+                print(f"run folder: {self.run_folder}", flush=True)
+                os.environ[RUN_DIR_ENV] = str(self.run_folder)  # ranks started by Lightning's launcher
+            place_outputs(config["trainer"], self.run_folder)
         elif root:
             place_outputs(config["trainer"], Path(root))
 
@@ -204,6 +204,6 @@ class ZooCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
-        if self.run_dir is not None:
-            trainer.callbacks.append(RunRecord(str(self.run_dir)))
+        if self.run_folder is not None:
+            trainer.callbacks.append(RunRecord(str(self.run_folder)))
         return trainer
