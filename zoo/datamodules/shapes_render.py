@@ -368,7 +368,9 @@ def readback_accuracy(n: int = 200, seed: int = 0, max_objects: int = 6) -> dict
     return result
 
 
-if __name__ == "__main__":  # python -m zoo.datamodules.shapes_render: the figures in docs/world_media.md
+if (
+    __name__ == "__main__"
+):  # python -m zoo.datamodules.shapes_render: the figures in docs/world_media.md
     import json
 
     torch.set_num_threads(1)

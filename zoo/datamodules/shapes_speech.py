@@ -285,7 +285,9 @@ def readback_accuracy(n: int = 100, seed: int = 0, noise: float = 0.03) -> dict[
     return result
 
 
-if __name__ == "__main__":  # python -m zoo.datamodules.shapes_speech: the figures in docs/world_media.md
+if (
+    __name__ == "__main__"
+):  # python -m zoo.datamodules.shapes_speech: the figures in docs/world_media.md
     import json
 
     print(json.dumps(readback_accuracy()))

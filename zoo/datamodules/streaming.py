@@ -11,9 +11,10 @@
 identical on every rank. On resume every worker re-reads its part up to where it had got, without `map`
 (nothing is decoded): how many batches each had delivered follows from the DataLoader's in-order round
 robin (`partition.delivered_per_worker`), and the workers' parts are rotated so that the resumed
-DataLoader, which asks its worker 0 first, gets the batch whose turn was next. Workers are never persistent, so each iteration's workers see the
-current epoch and skip. The epoch comes from Lightning: the loader's `sampler` is a `StreamSampler`, on
-which Lightning calls `set_epoch` every epoch, as it does for map-style samplers.
+DataLoader, which asks its worker 0 first, gets the batch whose turn was next. Workers are never
+persistent, so each iteration's workers see the current epoch and skip. The epoch comes from Lightning:
+the loader's `sampler` is a `StreamSampler`, on which Lightning calls `set_epoch` every epoch, as it does
+for map-style samplers.
 
 Rank and world size are bound when the loader is built (`rank_and_world(trainer)` in the datamodule), never
 read from the environment inside a worker: spawned workers would otherwise each read the whole corpus
