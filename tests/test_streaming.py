@@ -210,6 +210,18 @@ def test_ranks_and_workers_together_deliver_every_sample_exactly_once(shards):
     assert sorted(ranks[0] + ranks[1]) == list(range(48))
 
 
+@pytest.mark.slow  # each spawned worker imports torch and the zoo afresh: ~10 s on a busy 2-core machine
+def test_spawned_workers_read_only_their_rank_s_part(shards):
+    # The layout travels with the dataset into each worker; nothing is read from the environment there,
+    # where a spawned worker would find no process group and take the whole corpus (REFERENCES Part C §1).
+    dataset = stream(shards)
+    ranks = [
+        [i for b in StreamLoader(dataset, list, 4, rank, 2, 2, multiprocessing_context="spawn") for i in b]
+        for rank in range(2)
+    ]
+    assert [len(r) for r in ranks] == [24, 24] and sorted(ranks[0] + ranks[1]) == list(range(48))
+
+
 def test_the_order_is_a_function_of_seed_and_epoch_and_the_sampler_lists_it_without_reading(shards):
     dataset = stream(shards)
     first = epoch_ids(dataset, 0, 4, 1, 2)[0]
