@@ -116,7 +116,8 @@ def test_past_max_bad_fraction_the_main_process_raises_a_clear_error(tmp_path: P
     batches = iter(loader)
     next(batches)  # 4 samples, 1 bad: not judged before min_samples
     with pytest.raises(
-        TooManyBadSamples, match=r"^2 of 8 samples were bad \(25.0%\), more than max_bad_fraction=0.1; .*s003.*s012"
+        TooManyBadSamples,
+        match=r"^2 of 8 samples were bad \(25.0%\), more than max_bad_fraction=0.1; .*s003.*s012",
     ):
         next(batches)
 
@@ -144,7 +145,9 @@ def test_a_shard_cut_short_makes_its_missing_samples_bad_and_keeps_the_count(tmp
 
 def test_a_malformed_manifest_line_is_a_bad_sample_named_by_its_line(tmp_path: Path):
     path = tmp_path / "manifest.jsonl"
-    path.write_text('{"caption": "one"}\n{"caption": oops}\n\n{"caption": "three"}\n[1, 2]\n{"caption": "5"}\n')
+    path.write_text(
+        '{"caption": "one"}\n{"caption": oops}\n\n{"caption": "three"}\n[1, 2]\n{"caption": "5"}\n'
+    )
     shards = count_shards([str(path)], JsonlLines())
     dataset = StreamDataset(shards, JsonlLines(), lambda s: json_record(s)["caption"], 0, False, 8, LENIENT)
     loader = StreamLoader(dataset, list, batch_size=5, drop_last=False)

@@ -1,11 +1,14 @@
-"""What every document datamodule shares: map-style datasets of documents, reproducible shuffling,
-tokenizer persistence in the checkpoint, and packing into group batches at collate time.
+"""What every document datamodule shares: datasets of documents (map-style here, or streamed by
+`zoo.datamodules.streaming`), reproducible shuffling, bad documents replaced and counted, tokenizer
+persistence in the checkpoint, and packing into group batches at collate time.
 
 Reproducibility is by construction: the order of an epoch is a function of (seed, epoch) and a
 document's BPE-dropout draw a function of (seed, epoch, index), so a run resumed from a checkpoint
 sees exactly the data the uninterrupted run would have seen. A checkpoint written mid-epoch also
-records how many batches of the epoch were consumed (`ResumableDataLoader`), and the resumed epoch
-starts after them.
+records how many batches of the epoch were consumed (`ResumableDataLoader`, `StreamLoader`), and the
+resumed epoch starts after them. A document that cannot be made is replaced by another drawn from a
+hash of (seed, epoch, index, attempt) (`DocumentDataset.replacing`), so batch sizes and step counts stay
+fixed; the loaders count it (`zoo.datamodules.bad_samples`).
 """
 
 from __future__ import annotations
@@ -284,8 +287,9 @@ class DocumentDataModule(L.LightningDataModule):
         if isinstance(dataset, StreamDataset):
             dataset.map = self.text_map(split)
             rank, world = rank_and_world(self.trainer)
+            full = train and len(dataset) // world >= self.batch_size  # else one short batch per rank
             loader: ReportingLoader = StreamLoader(
-                dataset, self.builder.collate, self.batch_size, rank, world, self.num_workers, drop_last=train
+                dataset, self.builder.collate, self.batch_size, rank, world, self.num_workers, drop_last=full
             )
         else:
             loader = ResumableDataLoader(

@@ -118,7 +118,9 @@ class TextFilesDataModule(DocumentDataModule):
 
     The order of an epoch is a function of (seed, epoch); BPE-dropout is seeded per (seed, epoch, document
     index), the index counting documents in file order across `train_files`, so resumed and multi-worker
-    runs draw exactly what one process would.
+    runs draw exactly what one process would. Every rank trains `N // world_size // batch_size` full
+    batches an epoch (equal step counts for DDP); the remaining documents, fewer than `world_size *
+    batch_size`, sit out that epoch, a different part each epoch (`zoo.datamodules.partition`).
 
     Args:
         train_files: .txt / .jsonl files for training.
