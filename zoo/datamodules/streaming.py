@@ -187,7 +187,8 @@ class StreamDataset(IterableDataset):
 
 class StreamSampler:
     """The epoch of a stream, where Lightning sets it, and the order in which a loader with `layout`
-    delivers the stream's samples: `(index, epoch)` pairs, listed without reading any data."""
+    delivers the stream's samples: `(index, epoch)` pairs, listed without reading any data (but held in
+    memory: an index per sample of the rank; Lightning never lists it)."""
 
     def __init__(self, dataset: StreamDataset, layout: Layout) -> None:
         self.dataset, self.layout = dataset, layout
