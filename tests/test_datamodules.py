@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import lightning as L
@@ -166,6 +167,30 @@ def test_txt_files_give_one_document_per_blank_line_separated_paragraph(tmp_path
     path = tmp_path / "a.txt"
     path.write_text("First paragraph\nstill first.\n\n\n  Second, café ☃.  \n \n\nThird\n", encoding="utf-8")
     assert read_documents(path) == ["First paragraph\nstill first.", "Second, café ☃.", "Third"]
+
+
+def test_paragraphs_are_read_line_by_line_exactly_as_a_whole_file_split_on_blank_lines(tmp_path: Path):
+    # The streamed reader holds one paragraph at a time; it must agree with re.split(r"\n\s*\n") on the
+    # whole text: CRLF and lone CR endings, whitespace-only lines, runs of blank lines, Unicode spaces.
+    rng = random.Random(7)
+    pieces = ["word", "two words", " lead", "trail ", "\t", " ", "\u2028", "\u00a0x", "é☃", ""]
+    endings = ["\n", "\r\n", "\r"]
+    path = tmp_path / "p.txt"
+    for _ in range(200):
+        text = "".join(rng.choice(pieces) + rng.choice(endings) for _ in range(rng.randint(0, 12)))
+        path.write_bytes(text.encode("utf-8"))
+        normalised = text.replace("\r\n", "\n").replace("\r", "\n")
+        expected = [p.strip() for p in re.split(r"\n\s*\n", normalised) if p.strip()]
+        assert read_documents(path) == expected, repr(text)
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_byte(tmp_path: Path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("first\n\ncafé\n".encode("latin-1"))
+    with pytest.raises(
+        ValueError, match=rf"{path} is not valid UTF-8 \(invalid continuation byte at byte 10\)"
+    ):
+        read_documents(path)
 
 
 def test_jsonl_files_give_the_text_field_of_each_line_skipping_blank_lines(tmp_path: Path):

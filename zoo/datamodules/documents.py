@@ -1,16 +1,20 @@
-"""What every document datamodule shares: map-style datasets of documents, reproducible shuffling,
-tokenizer persistence in the checkpoint, and packing into group batches at collate time.
+"""What every document datamodule shares: datasets of documents (map-style here, or streamed by
+`zoo.datamodules.streaming`), reproducible shuffling, bad documents replaced and counted, tokenizer
+persistence in the checkpoint, and packing into group batches at collate time.
 
 Reproducibility is by construction: the order of an epoch is a function of (seed, epoch) and a
 document's BPE-dropout draw a function of (seed, epoch, index), so a run resumed from a checkpoint
 sees exactly the data the uninterrupted run would have seen. A checkpoint written mid-epoch also
-records how many batches of the epoch were consumed (`ResumableDataLoader`), and the resumed epoch
-starts after them.
+records how many batches of the epoch were consumed (`ResumableDataLoader`, `StreamLoader`), and the
+resumed epoch starts after them. A document that cannot be made is replaced by another drawn from a
+hash of (seed, epoch, index, attempt) (`DocumentDataset.replacing`), so batch sizes and step counts stay
+fixed; the loaders count it (`zoo.datamodules.bad_samples`).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
@@ -19,7 +23,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadRecord, BadSamplePolicy, Delivered, describe
+from zoo.datamodules.loaders import ReportingLoader
 from zoo.datamodules.sequence import Document, SequenceBuilder, TextSegment
+from zoo.datamodules.streaming import StreamDataset, StreamLoader, rank_and_world
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 
@@ -50,18 +57,13 @@ class EpochShuffleSampler(Sampler[tuple[int, int]]):
         return self.n
 
 
-class ResumableDataLoader(DataLoader):
-    """A DataLoader that Lightning can checkpoint mid-epoch.
+class ResumableDataLoader(ReportingLoader):
+    """A DataLoader of a map-style dataset that Lightning can checkpoint mid-epoch (see `loaders`).
 
-    Lightning saves `state_dict()` of every train loader that has `state_dict`/`load_state_dict` and
-    restores it on resume, but by itself it restarts the epoch's iteration from the first batch. This
-    loader records (epoch, batches handed out in that epoch); after `load_state_dict` the next iteration
-    of that same epoch starts after them. Counting here rather than in the sampler is what makes the
-    count exact: with workers the sampler runs ahead of the batches training has consumed.
+    With an `EpochShuffleSampler` the skipped part of a resumed epoch is left out of the sampler, so no
+    document is made for it; with a sampler Lightning replaced (e.g. distributed) the batches are made
+    and dropped.
     """
-
-    _epoch, _delivered = 0, 0
-    _resume: tuple[int, int] | None = None
 
     def _current_epoch(self) -> int:
         return int(getattr(self.sampler, "epoch", 0))
@@ -69,55 +71,119 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator: nothing is drawn before the first batch is asked for, i.e. after Lightning's
         # `set_epoch`, so the (index, epoch) pairs (and the skip) follow the epoch being trained.
-        epoch, skip = self._current_epoch(), 0
-        if self._resume is not None:
-            resume_epoch, skip = self._resume
-            self._resume = None
-            skip = skip if resume_epoch == epoch else 0
-        self._epoch, self._delivered = epoch, skip
+        skip = self._begin_epoch(self._current_epoch())
         if isinstance(self.sampler, EpochShuffleSampler):
             self.sampler.skip = skip * (self.batch_size or 1)  # skip indices: no documents are made
-            batches = super().__iter__()
-        else:  # a sampler replaced by Lightning (e.g. distributed): make the batches and drop them
-            batches = islice(super().__iter__(), skip, None)
-        for batch in batches:
-            self._delivered += 1
-            yield batch
+            reports = super().__iter__()
+        else:
+            reports = islice(super().__iter__(), skip, None)
+        yield from self._unwrap(reports)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "batches": self._delivered}
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        if not {"epoch", "batches"} <= set(state_dict):
-            raise ValueError(
-                f"a train dataloader state needs 'epoch' and 'batches', got {sorted(state_dict)}"
-            )
-        epoch, batches = int(state_dict["epoch"]), int(state_dict["batches"])
-        # A finished epoch leaves nothing to skip: the next epoch starts from its first batch.
-        self._resume = (epoch, batches) if 0 < batches < len(self) else None
+def replacement_index(seed: int, epoch: int, index: int, attempt: int, n: int) -> int:
+    """The document that stands in for a bad `index` at `attempt` (1, 2, ...): a hash of all four, so the
+    same one in every run and every resume."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}/{attempt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % n
 
 
 class DocumentDataset(Dataset[Document]):
-    """`n` documents made on demand by `make(index, epoch)`, indexed by the sampler's `(index, epoch)`."""
+    """`n` documents made on demand by `make(index, epoch)`, indexed by the sampler's `(index, epoch)`.
 
-    def __init__(self, n: int, make: Callable[[int, int], Document], sampler: EpochShuffleSampler) -> None:
+    `make` may raise one of `errors` for a document that cannot be made; loaders read through
+    `replacing()`, which substitutes another document (`replacement_index`) and reports the bad one.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        make: Callable[[int, int], Document],
+        sampler: EpochShuffleSampler,
+        name: str = "documents",
+        errors: tuple[type[BaseException], ...] = SAMPLE_ERRORS,
+        max_attempts: int = 8,
+    ) -> None:
         self.n, self.make, self.sampler = n, make, sampler
+        self.name, self.errors, self.max_attempts = name, errors, max_attempts
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, key: tuple[int, int] | int) -> Document:
+        index, epoch = self._key(key)
+        return self.make(index, epoch)
+
+    def _key(self, key: tuple[int, int] | int) -> tuple[int, int]:
         index, epoch = key if isinstance(key, tuple) else (key, self.sampler.epoch)
         if not 0 <= index < self.n:
             raise IndexError(f"document index {index} out of range 0..{self.n - 1}")
-        return self.make(index, epoch)
+        return index, epoch
+
+    def deliver(self, key: tuple[int, int] | int) -> Delivered:
+        """Document `key`, or when it is bad the first good replacement, with the bad one's record."""
+        index, epoch = self._key(key)
+        first: BadRecord | None = None
+        for attempt in range(self.max_attempts + 1):
+            candidate = (
+                index if attempt == 0 else replacement_index(self.sampler.seed, epoch, index, attempt, self.n)
+            )
+            try:
+                document = self.make(candidate, epoch)
+            except self.errors as error:
+                first = first or BadRecord(self.name, f"document {index}", describe(error))
+                continue
+            return Delivered(document, (first,) if first else ())
+        assert first is not None
+        return Delivered(None, (first,), fatal=f"{self.max_attempts} replacements of it were bad too")
+
+    def replacing(self) -> _Replacing:
+        return _Replacing(self)
+
+
+class _Replacing(Dataset[Delivered]):
+    """A DocumentDataset as its loaders read it: `Delivered` items, bad documents replaced."""
+
+    def __init__(self, documents: DocumentDataset) -> None:
+        self.documents = documents
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, key: tuple[int, int] | int) -> Delivered:
+        return self.documents.deliver(key)
+
+
+def document_seed(seed: int, epoch: int, index: int) -> int:
+    """The BPE-dropout seed of document `index` in `epoch`."""
+    return (seed * 1_000_003 + epoch) * 1_000_033 + index
+
+
+def encode_text(
+    tokenizer: TextTokenizer, vocab: UnifiedVocab, text: str, dropout: float = 0.0, seed: int | None = None
+) -> Document:
+    """One text as a document: `<bos>`, its unified ids, `<eos>`."""
+    ids = tokenizer.encode(text, dropout=dropout or None, seed=seed)
+    return [TextSegment([vocab.bos_id, *vocab.text_to_unified(ids).tolist(), vocab.eos_id])]
+
+
+class EncodeText:
+    """The `map` of a text stream: a sample's `"text"` as a document, BPE-dropout seeded by the sample's
+    (epoch, index) exactly as a map-style dataset seeds it. Small and picklable: workers receive it."""
+
+    def __init__(self, tokenizer: TextTokenizer, vocab: UnifiedVocab, dropout: float, seed: int) -> None:
+        self.tokenizer, self.vocab, self.dropout, self.seed = tokenizer, vocab, dropout, seed
+
+    def __call__(self, sample: dict) -> Document:
+        seed = document_seed(self.seed, sample["__epoch__"], sample["__index__"])
+        return encode_text(self.tokenizer, self.vocab, sample["text"], self.dropout, seed)
 
 
 class DocumentDataModule(L.LightningDataModule):
     """Base of the text-bearing datamodules: subclasses provide texts and a tokenizer.
 
-    The tokenizer's JSON travels in the checkpoint (`state_dict`), so a resumed or reloaded run decodes
-    with the tokenizer it was trained with.
+    A split is a map-style `DocumentDataset` over `texts(split)` unless a subclass's `make_dataset` streams
+    it (`StreamDataset`); the loaders follow the dataset's kind. The tokenizer's JSON travels in the
+    checkpoint (`state_dict`), so a resumed or reloaded run decodes with the tokenizer it was trained with.
     """
 
     def __init__(
@@ -130,6 +196,7 @@ class DocumentDataModule(L.LightningDataModule):
         num_workers: int,
         seed: int,
         prompts: list[str] | None = None,
+        bad_samples: BadSamplePolicy = BadSamplePolicy(),
     ) -> None:
         super().__init__()
         self.prompts = list(prompts) if prompts is not None else [""] * 8
@@ -141,8 +208,10 @@ class DocumentDataModule(L.LightningDataModule):
         self.builder = SequenceBuilder(vocab, seq_len, truncate)
         self.batch_size, self.bpe_dropout = batch_size, bpe_dropout
         self.num_workers, self.seed = num_workers, seed
+        self.bad_sample_policy = bad_samples
         self.tokenizer: TextTokenizer | None = None
-        self.datasets: dict[str, DocumentDataset] = {}
+        self.datasets: dict[str, DocumentDataset | StreamDataset] = {}
+        self.loaders: dict[str, ReportingLoader] = {}  # the loader built last per split
 
     # -- what subclasses provide -------------------------------------------------------------------
     def texts(self, split: str) -> list[str]:
@@ -154,9 +223,7 @@ class DocumentDataModule(L.LightningDataModule):
     # -- shared machinery ----------------------------------------------------------------------------
     def encode_document(self, text: str, dropout: float = 0.0, seed: int | None = None) -> Document:
         assert self.tokenizer is not None
-        ids = self.tokenizer.encode(text, dropout=dropout or None, seed=seed)
-        unified = self.vocab.text_to_unified(ids).tolist()
-        return [TextSegment([self.vocab.bos_id, *unified, self.vocab.eos_id])]
+        return encode_text(self.tokenizer, self.vocab, text, dropout, seed)
 
     def decode(self, ids: list[int]) -> str:
         """Unified ids -> text, dropping special tokens. Ids the model reserves but the tokenizer lacks
@@ -183,14 +250,17 @@ class DocumentDataModule(L.LightningDataModule):
                 f"text_size={self.vocab.text_size}: raise vocab.text_size or use a smaller tokenizer"
             )
         for split in ("train", "val", "test"):
-            if split in self.datasets:
-                continue
-            texts = self.texts(split)
-            if not texts:
-                continue
-            sampler = EpochShuffleSampler(len(texts), self.seed, shuffle=split == "train")
-            make = functools.partial(self.make_document, split)
-            self.datasets[split] = DocumentDataset(len(texts), make, sampler)
+            if split not in self.datasets and (dataset := self.make_dataset(split)) is not None:
+                self.datasets[split] = dataset
+
+    def make_dataset(self, split: str) -> DocumentDataset | StreamDataset | None:
+        """The dataset of `split`, None when it has no documents: map-style over `texts(split)` here."""
+        texts = self.texts(split)
+        if not texts:
+            return None
+        sampler = EpochShuffleSampler(len(texts), self.seed, shuffle=split == "train")
+        make = functools.partial(self.make_document, split)
+        return DocumentDataset(len(texts), make, sampler, name=f"{type(self).__name__} {split}")
 
     def make_document(self, split: str, index: int, epoch: int) -> Document:
         """Document `index` of `split` as seen in `epoch`: a function of (seed, split, epoch, index) only.
@@ -199,30 +269,54 @@ class DocumentDataModule(L.LightningDataModule):
         ones override this to build documents with media segments around the same texts.
         """
         dropout = self.bpe_dropout if split == "train" else 0.0
-        seed = (self.seed * 1_000_003 + epoch) * 1_000_033 + index
-        return self.encode_document(self.texts(split)[index], dropout, seed)
+        return self.encode_document(self.texts(split)[index], dropout, document_seed(self.seed, epoch, index))
 
-    def _loader(self, split: str) -> DataLoader:
+    def text_map(self, split: str) -> EncodeText:
+        """The `map` of a streamed text split (built when a loader is, so it holds the current tokenizer:
+        a checkpoint's tokenizer arrives after setup)."""
+        assert self.tokenizer is not None
+        return EncodeText(
+            self.tokenizer, self.vocab, self.bpe_dropout if split == "train" else 0.0, self.seed
+        )
+
+    def _loader(self, split: str) -> ReportingLoader:
         if split not in self.datasets:
             raise RuntimeError(f"no {split} data: call setup() first or give {split} files")
         dataset = self.datasets[split]
-        return (ResumableDataLoader if split == "train" else DataLoader)(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=dataset.sampler,
-            collate_fn=self.builder.collate,
-            num_workers=self.num_workers,
-            drop_last=split == "train" and len(dataset) >= self.batch_size,
-            persistent_workers=self.num_workers > 0,
-        )
+        train = split == "train"
+        if isinstance(dataset, StreamDataset):
+            dataset.map = self.text_map(split)
+            rank, world = rank_and_world(self.trainer)
+            full = train and len(dataset) // world >= self.batch_size  # else one short batch per rank
+            loader: ReportingLoader = StreamLoader(
+                dataset, self.builder.collate, self.batch_size, rank, world, self.num_workers, drop_last=full
+            )
+        else:
+            loader = ResumableDataLoader(
+                dataset.replacing(),
+                self.builder.collate,
+                self.bad_sample_policy,
+                batch_size=self.batch_size,
+                sampler=dataset.sampler,
+                num_workers=self.num_workers,
+                drop_last=train and len(dataset) >= self.batch_size,
+                persistent_workers=self.num_workers > 0,
+            )
+        self.loaders[split] = loader
+        return loader
 
-    def train_dataloader(self) -> DataLoader:
+    @property
+    def bad_samples(self) -> int:
+        """Bad samples the current train loader has met (skipped and replaced) in this process."""
+        return self.loaders["train"].bad_samples if "train" in self.loaders else 0
+
+    def train_dataloader(self) -> ReportingLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> ReportingLoader:
         return self._loader("val")
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> ReportingLoader:
         return self._loader("test" if "test" in self.datasets else "val")
 
     def prompt_ids(self, prompt: str) -> list[int]:
