@@ -1,9 +1,10 @@
-"""The bad-input battery (issue 21): hostile checkpoints and configs, overrides that must hold, stale and foreign
-resumes, per-item errors in predict, and errors printed for people. Each test asserts the clear refusal and
-that nothing was executed or lost.
+"""The bad-input battery (issue 21): hostile checkpoints and configs, overrides that must hold, stale and
+foreign resumes, per-item errors in predict, and errors printed for people. Each test asserts the clear
+refusal and that nothing was executed or lost.
 
 One tiny quickstart run (module fixture, about 10 s) gives a real checkpoint; hostile checkpoints are that
-checkpoint with its hyper-parameters edited (they still load with `weights_only=True`, as a shared file would).
+checkpoint with its hyper-parameters edited (they still load with `weights_only=True`, as a shared file
+would).
 """
 
 from __future__ import annotations
@@ -41,7 +42,17 @@ def trained(tmp_path_factory) -> Path:
     """A finished 2-step quickstart run; returns its root (runs/quickstart inside a temporary folder)."""
     folder = tmp_path_factory.mktemp("trained")
     root = folder / "runs" / "quickstart"
-    main(["fit", "--config", QUICKSTART, *SMALL, "--trainer.max_steps=2", f"--trainer.default_root_dir={root}"])
+    main(
+        [
+            "fit",
+            "--config",
+            QUICKSTART,
+            *SMALL,
+            "--trainer.max_steps=2",
+            "--trainer.default_root_dir",
+            str(root),
+        ]
+    )
     return root
 
 
@@ -105,7 +116,9 @@ def test_a_checkpoint_naming_code_outside_the_zoo_is_refused_before_anything_is_
         "--data.class_path=zoo_test_side_effect.Model",
     ],
 )
-def test_a_class_path_from_the_command_line_outside_the_allow_list_is_refused(tmp_path, monkeypatch, capsys, flag):
+def test_a_class_path_from_the_command_line_outside_the_allow_list_is_refused(
+    tmp_path, monkeypatch, capsys, flag
+):
     monkeypatch.syspath_prepend(str(tmp_path))
     marker = side_effect_module(tmp_path)
     this_before = "this" in sys.modules
@@ -142,7 +155,8 @@ def test_the_allow_list_refuses_to_trust_jsonargparse_itself(monkeypatch):
 
 
 def test_a_resume_of_a_finished_run_is_refused_with_what_to_change(trained, tmp_path):
-    with pytest.raises(ValueError, match=r"at step \d+ and trainer.max_steps is 2.*Raise --trainer.max_steps"):
+    finished = r"at step \d+ and trainer.max_steps is 2.*Raise --trainer.max_steps"
+    with pytest.raises(ValueError, match=finished):
         main([
             "fit", "--config", QUICKSTART, *SMALL, "--trainer.max_steps=2",
             f"--trainer.default_root_dir={trained}", f"--ckpt_path={checkpoint_of(trained)}",
@@ -181,7 +195,8 @@ def test_a_checkpoint_of_another_run_root_is_refused_unless_allowed(trained, tmp
 
 
 def test_a_model_that_does_not_fit_the_checkpoint_is_refused_before_its_weights_load(trained, tmp_path):
-    with pytest.raises(ValueError, match=r"(?s)does not match the checkpoint's weights.*layers\.3.*n_layers: checkpoint 4 -> config 3"):
+    expected = r"(?s)does not match the checkpoint's weights.*layers\.3.*n_layers: checkpoint 4 -> config 3"
+    with pytest.raises(ValueError, match=expected):
         main([
             "predict", "--config", QUICKSTART, "--config", PREDICT, *SMALL,
             "--model.init_args.model.init_args.backbone.init_args.n_layers=3",

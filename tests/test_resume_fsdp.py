@@ -107,7 +107,8 @@ def test_a_two_process_fsdp_run_killed_mid_epoch_resumes_from_its_dcp_checkpoint
     assert saved_step % STEPS_PER_EPOCH != 0 and saved_step < HANG_AT, "the checkpoint must be mid-epoch"
 
     # The resume continues the killed run in its own run folder (zoo.cli.runs), hence its root.
-    resume = fit_command(tmp_path, "resumed", f"--ckpt_path={last}", f"--trainer.default_root_dir={tmp_path / 'killed'}")
+    same_run = f"--trainer.default_root_dir={tmp_path / 'killed'}"
+    resume = fit_command(tmp_path, "resumed", f"--ckpt_path={last}", same_run)
     resumed = start(resume, tmp_path, "resumed")
     finish(full, tmp_path, "full")
     finish(resumed, tmp_path, "resumed")
