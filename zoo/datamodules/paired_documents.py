@@ -1,0 +1,288 @@
+"""Stage (b) of paired data: a media sample and a task become the `Document` ShapesWorld makes for that task.
+
+The task names and document shapes are ShapesWorld's (`zoo.datamodules.shapes_multimodal.TASKS`), so that
+metrics, configs and the model see one format whatever the data; `interleaved` is added for documents of
+texts and media in any order:
+
+    caption          <bos> caption <eos>
+    text_to_image    <bos> caption <boi> image <eoi> <eos>      (`uncond`: the caption dropped)
+    image_to_text    <bos> <boi> image <eoi> caption <eos>      (codes, or the encoder: `image_context`)
+    text_to_video    <bos> caption <bov> video <eov> <eos>      (`uncond`: the caption dropped)
+    video_to_text    <bos> <bov> video <eov> caption <eos>
+    text_to_audio    <bos> caption <boa> audio <eoa> <eos>
+    audio_to_text    <bos> <boa> audio <eoa> caption <eos>
+    interleaved      <bos> part part ... <eos>                  (texts predicted; media: `interleaved_media`)
+
+In generation tasks the caption is the condition (never a target); in understanding tasks it is the target.
+A source's prompt for a task (`Prompts`) is plain text right after `<bos>`, never predicted, in every task
+(`<bos> Describe the image: <boi> image <eoi> caption <eos>`); the unconditional documents of guidance drop
+it with the caption, since generation's unconditional prompt is `<bos> <boi>`.
+
+`DocumentMaker` accepts media as pixels and waves or as codes alike (`VisualSegment(codes=...)`,
+`AudioSegment(codes=...)`); only `image_context` needs pixels (the vision encoder reads them).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from zoo.datamodules.bad_samples import BadSample
+from zoo.datamodules.media_samples import InterleavedSample, Media, MediaSample, PairedSample, SampleKind
+from zoo.datamodules.sequence import (
+    AudioSegment,
+    ContextSegment,
+    Document,
+    MediaLayout,
+    Segment,
+    TextSegment,
+    VisualSegment,
+    document_length,
+)
+from zoo.datamodules.shapes_multimodal import TASKS
+from zoo.tokenizers.text import TextTokenizer
+from zoo.tokenizers.vocab import UnifiedVocab
+
+PAIRED_TASKS = (*TASKS, "interleaved")
+GENERATION = ("text_to_image", "text_to_video", "text_to_audio")
+UNDERSTANDING = ("image_to_text", "video_to_text", "audio_to_text")
+TASKS_OF_KIND: dict[SampleKind, tuple[str, ...]] = {
+    "image": ("caption", "text_to_image", "image_to_text"),
+    "video": ("caption", "text_to_video", "video_to_text"),
+    "audio": ("caption", "text_to_audio", "audio_to_text"),
+    "interleaved": ("interleaved",),
+}
+OPENERS = {"text_to_image": "<boi>", "text_to_video": "<bov>", "text_to_audio": "<boa>"}
+InterleavedMedia = Literal["input", "predict"]
+
+
+@dataclass(frozen=True)
+class TaskWeights:
+    """Which tasks a source feeds and how often: a sample's task is drawn among the tasks its media allow
+    (an image sample: caption, text_to_image, image_to_text) with these relative weights; 0 disables."""
+
+    caption: float = 0.0
+    text_to_image: float = 1.0
+    image_to_text: float = 1.0
+    text_to_video: float = 1.0
+    video_to_text: float = 1.0
+    text_to_audio: float = 1.0
+    audio_to_text: float = 1.0
+    interleaved: float = 1.0
+
+    def __post_init__(self) -> None:
+        bad = {f.name: getattr(self, f.name) for f in fields(self) if not getattr(self, f.name) >= 0}
+        if bad:
+            raise ValueError(f"task weights must be >= 0, got {bad}")
+
+    def of(self, task: str) -> float:
+        return float(getattr(self, task))
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Plain text a source puts right after `<bos>` in the documents of each task (never predicted), e.g.
+    `image_to_text: "Describe the image:"`. Empty: none."""
+
+    caption: str = ""
+    text_to_image: str = ""
+    image_to_text: str = ""
+    text_to_video: str = ""
+    video_to_text: str = ""
+    text_to_audio: str = ""
+    audio_to_text: str = ""
+    interleaved: str = ""
+
+    def of(self, task: str) -> str:
+        return str(getattr(self, task))
+
+    def texts(self) -> list[str]:
+        return [p for p in (getattr(self, f.name) for f in fields(self)) if p]
+
+
+@dataclass(frozen=True)
+class MediaSupport:
+    """Which media the model can take (the tokenizers and encoder it has); everything without a model."""
+
+    image: bool = True
+    video: bool = True
+    audio: bool = True
+    context: bool = True
+
+    @classmethod
+    def of(cls, model: object | None) -> MediaSupport:
+        if model is None:
+            return cls()
+        nfsp = getattr(model, "nfsp", None)
+        return cls(
+            image=nfsp is not None,
+            video=nfsp is not None and bool(nfsp.tokenizer.temporal),
+            audio=getattr(model, "ncp", None) is not None,
+            context=getattr(model, "vision_encoder", None) is not None,
+        )
+
+    def tasks(self, image_context: bool) -> frozenset[str]:
+        """The tasks a model with these media can train."""
+        tasks = {"caption", "interleaved"}
+        if self.image:
+            tasks.add("text_to_image")
+        if self.context if image_context else self.image:
+            tasks.add("image_to_text")
+        if self.video:
+            tasks |= {"text_to_video", "video_to_text"}
+        if self.audio:
+            tasks |= {"text_to_audio", "audio_to_text"}
+        return frozenset(tasks)
+
+
+def draw_task(
+    sample: MediaSample, weights: TaskWeights, supported: frozenset[str], seed: int, epoch: int, index: int
+) -> str:
+    """The task of stream sample `index` in `epoch`, a function of (seed, epoch, index) and the weights of
+    the tasks the sample's media and the model allow; `BadSample` when none has a positive weight."""
+    names = [t for t in TASKS_OF_KIND[sample.kind] if t in supported and weights.of(t) > 0]
+    if not names:
+        possible = ", ".join(t for t in TASKS_OF_KIND[sample.kind] if t in supported) or "none"
+        raise BadSample(
+            f"{sample.name}: {sample.kind} sample, but its source feeds none of the tasks for it that the "
+            f"model supports ({possible}); "
+            "give one a positive weight in the source's `tasks`, or a model with that tokenizer"
+        )
+    rng = random.Random(f"zoo.paired.task/{seed}/{epoch}/{index}")
+    return rng.choices(names, weights=[weights.of(t) for t in names])[0]
+
+
+def draws_uncond(probability: float, seed: int, epoch: int, index: int) -> bool:
+    """Whether a generation document drops its caption (for guidance), per (seed, epoch, index)."""
+    return (
+        probability > 0 and random.Random(f"zoo.paired.uncond/{seed}/{epoch}/{index}").random() < probability
+    )
+
+
+class DocumentMaker:
+    """Stage (b): `maker(sample, task, prompt="", uncond=False) -> Document` (module docstring).
+
+    Args:
+        vocab: the unified vocabulary (special tokens, text offset).
+        tokenizer: the text tokenizer.
+        layout: positions per visual frame / audio frame / context image (for the length check).
+        seq_len: the packed row length; a longer document is a `BadSample` naming the sample.
+        image_context: image_to_text (and interleaved input images) read the image through the vision
+            encoder (`ContextSegment`, needs pixels) instead of as the visual tokenizer's codes.
+        interleaved_media: media inside interleaved documents are "input" (understood: codes, or context
+            images) or "predict" (generated in place: their codes are targets).
+        support: the media the model takes; a part it cannot take is a `BadSample`.
+    """
+
+    def __init__(
+        self,
+        vocab: UnifiedVocab,
+        tokenizer: TextTokenizer,
+        layout: MediaLayout,
+        seq_len: int,
+        image_context: bool = False,
+        interleaved_media: InterleavedMedia = "input",
+        support: MediaSupport = MediaSupport(),
+    ) -> None:
+        if interleaved_media not in ("input", "predict"):
+            raise ValueError(f"interleaved_media must be 'input' or 'predict', got {interleaved_media!r}")
+        self.vocab, self.tokenizer, self.layout, self.seq_len = vocab, tokenizer, layout, seq_len
+        self.image_context, self.interleaved_media, self.support = image_context, interleaved_media, support
+
+    def __call__(self, sample: MediaSample, task: str, prompt: str = "", uncond: bool = False) -> Document:
+        if task not in PAIRED_TASKS:
+            raise ValueError(f"unknown task {task!r}; known: {', '.join(PAIRED_TASKS)}")
+        if task not in TASKS_OF_KIND[sample.kind]:
+            raise ValueError(f"{sample.name}: a {sample.kind} sample cannot make a {task} document")
+        if isinstance(sample, InterleavedSample):
+            document = self.interleaved(sample, prompt)
+        else:
+            document = self.paired(sample, task, prompt, uncond)
+        self.check_length(document, sample.name, task)
+        return document
+
+    # -- the shapes -------------------------------------------------------------------------------
+    def ids(self, text: str) -> list[int]:
+        return self.vocab.text_to_unified(self.tokenizer.encode(text)).tolist()
+
+    def opening(self, prompt: str) -> TextSegment:
+        """`<bos>` and the prompt, never predicted (exactly ShapesWorld's `<bos>` when there is no prompt)."""
+        if not prompt:
+            return TextSegment([self.vocab.bos_id])
+        return TextSegment([self.vocab.bos_id, *self.ids(prompt)], predict=False)
+
+    def paired(self, sample: PairedSample, task: str, prompt: str, uncond: bool) -> Document:
+        vocab, caption = self.vocab, self.ids(sample.caption)
+        eos = TextSegment([vocab.eos_id])
+        if task == "caption":
+            if not prompt:
+                return [TextSegment([vocab.bos_id, *caption, vocab.eos_id])]
+            return [self.opening(prompt), TextSegment([*caption, vocab.eos_id])]
+        if task in GENERATION:
+            media = self.media(sample.media, predict=True, where=sample.name)
+            if uncond:
+                return [TextSegment([vocab.bos_id]), media, eos]
+            return [TextSegment([*self.opening(prompt).ids, *caption], predict=False), media, eos]
+        return [
+            *self.understanding_prompt(sample.media, prompt, sample.name),
+            TextSegment([*caption, vocab.eos_id]),
+        ]
+
+    def interleaved(self, sample: InterleavedSample, prompt: str) -> Document:
+        if not any(isinstance(p, str) for p in sample.parts):
+            raise BadSample(f"{sample.name}: an interleaved document needs at least one text part")
+        predict = self.interleaved_media == "predict"
+        document: list[Segment] = [self.opening(prompt)]
+        for part in sample.parts:
+            if isinstance(part, str):
+                document.append(TextSegment(self.ids(part)))
+            else:
+                document.append(self.media(part, predict, sample.name, context=not predict))
+        return [*document, TextSegment([self.vocab.eos_id])]
+
+    def media(self, media: Media, predict: bool, where: str, context: bool = False) -> Segment:
+        """`media` as the segment a task wants: predicted or not, an image through the vision encoder
+        when `context` and `image_context`."""
+        self.check_support(media, where, context and self.image_context)
+        if context and self.image_context and isinstance(media, VisualSegment) and not media.is_video:
+            if media.pixels is None:
+                raise BadSample(
+                    f"{where}: image_context reads pixels through the vision encoder; this image is codes"
+                )
+            return ContextSegment(media.pixels)
+        return replace(media, predict=predict)
+
+    def check_support(self, media: Media, where: str, as_context: bool) -> None:
+        s = self.support
+        if isinstance(media, AudioSegment):
+            ok, what = s.audio, "audio (it has no audio codec)"
+        elif media.is_video:
+            ok, what = s.video, "video (it has no 3D visual tokenizer)"
+        elif as_context:
+            ok, what = s.context, "context images (it has no vision encoder)"
+        else:
+            ok, what = s.image, "images (it has no visual tokenizer)"
+        if not ok:
+            raise BadSample(f"{where}: the model cannot take {what}")
+
+    # -- prompts for generation and understanding (zoo predict) ------------------------------------
+    def generation_prompt(self, task: str, caption: str, prompt: str = "") -> list[int]:
+        """Unified ids of a caption-to-media prompt, ending with the media's opening token."""
+        return [*self.opening(prompt).ids, *self.ids(caption), self.vocab.special(OPENERS[task])]
+
+    def understanding_prompt(self, media: Media, prompt: str = "", where: str = "") -> Document:
+        """A media-to-caption prompt document: `<bos>` (prompt), then the media, read not predicted."""
+        return [self.opening(prompt), self.media(media, predict=False, where=where, context=True)]
+
+    def check_length(self, document: Document, where: str, task: str) -> None:
+        length = document_length(document, self.layout)
+        if length <= self.seq_len:
+            return
+        audio = [self.layout.segment_length(s) - 2 for s in document if isinstance(s, AudioSegment)]
+        detail = f" ({sum(audio)} of them audio frames)" if audio else ""
+        raise BadSample(
+            f"{where}: the {task} document takes {length} positions{detail}, more than "
+            f"seq_len={self.seq_len}; "
+            "raise seq_len (and the backbone's max_seq_len) or use shorter media and texts"
+        )
