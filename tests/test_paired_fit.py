@@ -1,10 +1,11 @@
 """Paired data through the command line (issue 14, items 1 and 7): every shipped paired config reads the files
 its placeholders name (written here) into batches the configured model takes, and `zoo fit` on a tiny manifest
 with a tiny untrained visual tokenizer and audio codec trains, checkpoints mid-epoch and resumes, with the
-tokenizer it trained coming back from the checkpoint."""
+tokenizer it trained coming back from the checkpoint, and `zoo predict` answers from the checkpoint."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,25 @@ data:
 """
 
 
+PREDICT = """
+trainer:
+  callbacks:
+  - class_path: zoo.tasks.callbacks.GenerationWriter
+    init_args:
+      output: {output}
+model:
+  init_args:
+    sampling:
+      max_new_tokens: 4
+      max_audio_frames: 4
+data:
+  init_args:
+    predict_samples: 1
+    predict_captions: [picture 1]
+    predict_files: [{file}/000000.jpg]
+"""
+
+
 def last_checkpoint(root: Path) -> Path:
     found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
     assert found, f"no last.ckpt under {root}"
@@ -187,3 +207,17 @@ def test_zoo_fit_on_a_tiny_manifest_trains_and_resumes_mid_epoch_with_its_tokeni
     assert resumed[TOKENIZER_KEY] == trained
     loader_state = resumed["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (loader_state["epoch"], loader_state["batches"]) == (0, 6)  # the rest of epoch 0, not a new one
+
+    # zoo predict: a validation sample both ways, a caption rendered, a file captioned.
+    predict = tmp_path / "predict.yaml"
+    predict.write_text(PREDICT.format(output=tmp_path / "predictions.jsonl", file=manifest.parent / "media"))
+    main(["predict", "--config", str(config), "--config", str(predict), f"--ckpt_path={first}"])
+    rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    answered = {(r["task"], r["name"]) for r in rows if "error" not in r}
+    assert {
+        ("text_to_image", "caption000"),
+        ("text_to_audio", "caption000"),
+        ("image_to_text", "000000"),
+    } <= answered
+    assert any(name == "val000" for _, name in answered)
+    assert all(Path(r["media"]).is_file() for r in rows if "media" in r)
