@@ -35,6 +35,7 @@ from zoo.datamodules.sequence import (
     VisualSegment,
 )
 from zoo.datamodules.shapes_multimodal import TASKS, ShapesMultimodalDataModule
+from zoo.datamodules.shards import Shard, write_index
 from zoo.datamodules.sources import ManifestSource, TarSource
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
@@ -218,6 +219,25 @@ def test_a_manifest_and_a_tar_of_the_same_samples_give_identical_batches(tmp_pat
             assert tx.keys() == ty.keys()
             assert [k for k in tx if not torch.equal(tx[k], ty[k])] == []
     assert from_manifest.bad_samples == from_tar.bad_samples == 0
+
+
+def test_a_source_reads_several_manifests_each_relative_to_its_own_folder_and_piped_shards(tmp_path: Path):
+    first = write_manifest(tmp_path / "part0", corpus(tmp_path, 2, 0, 0))
+    write_manifest(tmp_path / "part1", [type(i)(i.suffix, i.data, f"other {n}") for n, i in
+                                        enumerate(corpus(tmp_path, 2, 0, 0))])  # fmt: skip
+    dm = datamodule(ManifestSource([str(tmp_path / "part{0,1}" / first.name)]), batch_size=1, uncond_prob=0.0)
+    captions = sorted(dm.decode(b.input_ids[0].tolist()) for b in epoch(dm, 0))
+    assert captions == ["other 0", "other 1", "picture 0", "picture 1"]
+    # Anything webdataset opens, e.g. a `pipe:` command, with its counts from an index.
+    items = corpus(tmp_path, 3, 1, 0)
+    local = write_tar(tmp_path / "local.tar", items)
+    piped = f"pipe:cat {local}"
+    write_index(tmp_path / "index.json", [Shard(piped, len(items))])
+    a = datamodule(TarSource([str(local)]), tokenizer_size=None)
+    b = datamodule(TarSource([piped], index=str(tmp_path / "index.json")), tokenizer_size=None)
+    for x, y in zip(epoch(a, 0), epoch(b, 0), strict=True):
+        tx, ty = batch_tensors(x), batch_tensors(y)
+        assert tx.keys() == ty.keys() and all(torch.equal(tx[k], ty[k]) for k in tx)
 
 
 def test_interleaved_documents_from_a_manifest_and_a_tar_are_identical(tmp_path: Path):

@@ -101,6 +101,7 @@ trainer:
       save_last: true
       enable_version_counter: false
       every_n_train_steps: 2
+  - class_path: zoo.tasks.data_monitor.BadSampleMonitor
 model:
   class_path: zoo.tasks.pretrain.UnifiedPretraining
   init_args:

@@ -171,11 +171,8 @@ class PairedDataModule(DocumentDataModule):
         self.val_fraction, self.configured_layout, self.media = val_fraction, layout, media
         self.uncond_prob, self.image_context = uncond_prob, image_context
         self.interleaved_media = interleaved_media
-        self.tokenizer_path, self.tokenizer_size, self.tokenizer_texts = (
-            tokenizer,
-            tokenizer_size,
-            tokenizer_texts,
-        )
+        self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
+        self.tokenizer_texts = tokenizer_texts
         self.shuffle_buffer = shuffle_buffer
         self.predict_samples = predict_samples
         self.predict_captions, self.predict_files = list(predict_captions or []), list(predict_files or [])
@@ -227,8 +224,9 @@ class PairedDataModule(DocumentDataModule):
             for source in self.val_sources:
                 val_sources.append(source)
                 val.append(once(source.count()))
-            for line in describe_mixture(train, [repr(s) for s in self.sources]):
-                (log.warning if "never" in line or "same ones" in line else log.info)("mixture: %s", line)
+            lines = describe_mixture(train, [repr(s) for s in self.sources])
+            for part, line in zip(train, lines, strict=True):  # a part never read is worth a warning
+                (log.warning if part.distinct < part.size else log.info)("mixture: %s", line)
             self._splits = {"train": (self.sources, train), "val": (val_sources, val), "test": ([], [])}
         return self._splits
 
@@ -281,8 +279,8 @@ class PairedDataModule(DocumentDataModule):
         return TextTokenizer.train(self.training_texts(), vocab_size=size, min_frequency=2)
 
     def training_texts(self) -> Iterator[str]:
-        """Up to `tokenizer_texts` texts of the training sources (an equal budget each, in file order, each
-        sample once whatever the weights), then every prompt."""
+        """Up to `tokenizer_texts` texts of what the training sources give an epoch (an equal budget each, in
+        file order, each sample once however often its weight repeats it), then every prompt."""
         sources, parts = self.splits()["train"]
         budget = -(-self.tokenizer_texts // len(sources))
         for source, part in zip(sources, parts, strict=True):
