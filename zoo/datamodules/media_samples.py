@@ -41,7 +41,8 @@ class MediaSpec:
     (`resolved_for`); without a model, from the defaults named below.
 
     Args:
-        image_size: side of images and video frames (None: the visual tokenizer's `image_size`, else 32).
+        image_size: side of images and video frames (None: the visual tokenizer's `image_size`, else the
+            vision encoder's, else 32).
         fit: how a picture of another aspect ratio meets the square (`zoo.media.resize`): "center_crop",
             "pad" or "stretch".
         max_pixels: images (and video frames) with more pixels are bad samples, refused before decoding.
@@ -73,9 +74,10 @@ class MediaSpec:
         here that differs from the model's tokenizer is refused, naming both."""
         visual = getattr(model, "visual_tokenizer", None)
         codec = getattr(model, "audio_codec", None)
+        encoder = getattr(model, "vision_encoder", None)
         stride = visual.temporal_stride if visual is not None and visual.temporal else 4
         wanted = {
-            "image_size": getattr(visual, "image_size", None),
+            "image_size": getattr(visual, "image_size", None) or getattr(encoder, "image_size", None),
             "sample_rate": getattr(codec, "sample_rate", None),
         }
         for name, theirs in wanted.items():

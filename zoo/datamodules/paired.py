@@ -193,7 +193,8 @@ class PairedDataModule(DocumentDataModule):
             check_layout(layout, model)
         self.spec = self.media.resolved_for(model)
         self.video_frames = self.spec.video_frames
-        layout.latent_frames(self.video_frames)  # a clip length that does not fit the stride is refused now
+        if model is not None or self.configured_layout is not None:  # (the default layout is a guess)
+            layout.latent_frames(self.video_frames)  # a clip that does not fit the stride is refused now
         encoder = getattr(model, "vision_encoder", None)
         if self.image_context and encoder is not None and encoder.image_size != self.spec.image_size:
             raise ValueError(
@@ -312,8 +313,8 @@ class PairedDataModule(DocumentDataModule):
             self.setup("predict")
         maker, requests = self.maker(), []
         for name, sample in self.predict_val_samples():
-            if isinstance(sample, str):  # why the sample could not be read
-                requests.append(MediaRequest("image_to_text", name, error=sample))
+            if isinstance(sample, str):  # why the sample could not be read (its kind is unknown)
+                requests.append(MediaRequest("val_sample", name, error=sample))
             elif isinstance(sample, PairedSample):
                 requests += self.sample_requests(maker, name, sample)
         for i, caption in enumerate(self.predict_captions):
