@@ -168,7 +168,7 @@ def test_unified_pretraining_fits_on_code_shards_without_running_the_tokenizers(
         NeverRuns(model.audio_codec.encoder),
     )
     data = CodeShardsDataModule(
-        shard_urls(codes), vocab=VOCAB, layout=layout_of(model), seq_len=256, batch_size=2, val_fraction=0.2,
+        [str(codes / "index.json")], vocab=VOCAB, layout=layout_of(model), seq_len=256, batch_size=2, val_fraction=0.2,
         num_workers=1,
     )  # fmt: skip
     task = UnifiedPretraining(model, lr=1e-3, warmup_steps=1)

@@ -23,7 +23,7 @@ from zoo.datamodules.code_records import CodeRecord
 from zoo.datamodules.documents import DocumentDataModule
 from zoo.datamodules.loaders import ReportingLoader
 from zoo.datamodules.sequence import Document, MediaLayout, document_length
-from zoo.datamodules.shards import Shard, TarSamples, count_shards
+from zoo.datamodules.shards import Shard, TarSamples, count_shards, read_index
 from zoo.datamodules.streaming import StreamDataset
 from zoo.datamodules.task_documents import PairedDocuments, TaskWeights
 from zoo.datamodules.text import split_shards
@@ -97,9 +97,10 @@ class CodeShardsDataModule(DocumentDataModule):
     """Code shards written by `zoo tokenize`, streamed as paired-task documents (module docstring).
 
     Args:
-        train_shards: the shards: paths, urls or brace patterns (`codes/codes-{00000..00099}.tar`).
+        train_shards: the shards: the `index.json` `zoo tokenize` wrote, or paths, urls or brace patterns
+            of shards (`codes/codes-{00000..00099}.tar`).
         val_shards: validation shards; when empty, the last `val_fraction` of the training records.
-        index: an index JSON of sample counts (default: the `index.json` `zoo tokenize` wrote beside them).
+        index: an index JSON of the shards' record counts (default: an `index.json` beside them).
         tokenizer: path of a text tokenizer JSON; None uses the byte-level tokenizer (256 ids).
         vocab: the model's unified vocabulary.
         layout: positions per visual frame / audio frame; must match the model's tokenizers.
@@ -157,17 +158,27 @@ class CodeShardsDataModule(DocumentDataModule):
     def shards(self, split: str) -> list[Shard]:
         """The shards (or parts of shards) of `split` with their record counts, counted once."""
         if self._shards is None:
-            train = count_shards(self.train_shards, TarSamples(), self.index)
+            train = self._count(self.train_shards)
             total = sum(s.samples for s in train)
             if not total:
                 raise ValueError(f"no records in {self.train_shards}")
             if self.val_shards:
-                val = count_shards(self.val_shards, TarSamples(), self.index)
+                val = self._count(self.val_shards)
             else:
                 n_val = max(1, int(total * self.val_fraction)) if total > 1 and self.val_fraction else 0
                 train, val = split_shards(train, total - n_val)
             self._shards = {"train": train, "val": [s for s in val if s.samples], "test": []}
         return self._shards[split]
+
+    def _count(self, sources: list[str]) -> list[Shard]:
+        """An index JSON (`zoo tokenize`'s `index.json`) gives its shards; anything else is counted."""
+        shards: list[Shard] = []
+        for source in sources:
+            if source.endswith(".json"):
+                shards += read_index(source)
+            else:
+                shards += count_shards([source], TarSamples(), self.index)
+        return shards
 
     def make_dataset(self, split: str) -> StreamDataset | None:
         shards = self.shards(split)
