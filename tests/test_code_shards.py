@@ -136,12 +136,28 @@ def test_documents_have_the_shapes_of_the_shapes_world_tasks():
         paired_document("audio_to_text", caption, image, vocab)
 
 
+def trainer(root, steps: int = 3) -> L.Trainer:
+    quiet = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    return L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=1,
+        val_check_interval=2,
+        default_root_dir=root,
+        **quiet,
+    )
+
+
 def test_shards_of_other_tokenizers_are_refused_naming_both_fingerprints(files, codes, tmp_path):
     other = unified_model(write_tokenizers(tmp_path / "other", seed=1))
-    data = CodeShardsDataModule(shard_urls(codes), vocab=VOCAB, layout=layout_of(other))
+    data = CodeShardsDataModule(
+        [str(codes / "index.json")], vocab=VOCAB, layout=layout_of(other), seq_len=256
+    )
     mine, theirs = model_fingerprints(unified_model(files)), model_fingerprints(other)
     with pytest.raises(ValueError, match="refusing the code shard") as error:
-        data.check_tokenizers(other)
+        trainer(tmp_path).fit(UnifiedPretraining(other, warmup_steps=1), datamodule=data)
     message = str(error.value)
     assert any(mine[n] in message and theirs[n] in message for n in mine)
     record = CodeRecord.from_sample(next(TarSamples().read(shard_urls(codes)[0], 0)))
@@ -161,25 +177,37 @@ class NeverRuns(torch.nn.Module):
         self.calls += 1
 
 
-def test_unified_pretraining_fits_on_code_shards_without_running_the_tokenizers(files, codes, tmp_path):
+def test_unified_pretraining_fits_on_code_shards_without_running_the_tokenizers(
+    files, corpus, codes, tmp_path
+):
     model = unified_model(files)
     visual_calls, audio_calls = (
         NeverRuns(model.visual_tokenizer.encoder),
         NeverRuns(model.audio_codec.encoder),
     )
+    index = [str(codes / "index.json")]
     data = CodeShardsDataModule(
-        [str(codes / "index.json")], vocab=VOCAB, layout=layout_of(model), seq_len=256, batch_size=2, val_fraction=0.2,
+        index,
+        vocab=VOCAB,
+        layout=layout_of(model),
+        seq_len=256,
+        batch_size=2,
+        val_fraction=0.2,
         num_workers=1,
-    )  # fmt: skip
+    )
     task = UnifiedPretraining(model, lr=1e-3, warmup_steps=1)
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=3, limit_val_batches=1, val_check_interval=2, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )  # fmt: skip
-    trainer.fit(task, datamodule=data)
-    assert trainer.global_step == 3
-    assert torch.isfinite(trainer.callback_metrics["val_loss"])
+    fit = trainer(tmp_path)
+    fit.fit(task, datamodule=data)
+    assert fit.global_step == 3
+    assert torch.isfinite(fit.callback_metrics["val_loss"])
     assert data.expected == model_fingerprints(model)
     assert visual_calls.calls == audio_calls.calls == 0
     assert data.bad_samples == 0
+
+    # The checkpoint of that run tokenizes with the model's own tokenizers (`--model` takes it).
+    checkpoint = tmp_path / "last.ckpt"
+    fit.save_checkpoint(checkpoint)
+    out = tmp_path / "again"
+    main(["tokenize", str(corpus.shards[1]), "--out", str(out), "--model", str(checkpoint), "--quiet"])
+    hashes = {CodeRecord.from_sample(s).tokenizer_hash for s in TarSamples().read(shard_urls(out)[0], 0)}
+    assert hashes == set(model_fingerprints(model).values())

@@ -25,6 +25,16 @@ from zoo.tokenizers.visual import VisualTokenizer
 DESCRIPTION = "pre-tokenize manifests or tar shards into WebDataset code shards (codes and raw text)"
 
 
+def clip_start(text: str) -> str | float:
+    """`--video_start`: "start", "centre" or seconds after the first frame."""
+    if text in ("start", "centre"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'start', 'centre' or seconds, got {text!r}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo tokenize", description=DESCRIPTION)
     p.add_argument("inputs", nargs="+", help="jsonl manifests and/or WebDataset tar shards (brace patterns)")
@@ -46,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     media.add_argument("--max_pixels", type=int, default=DEFAULT_MAX_PIXELS, help="decompression-bomb cap")
     media.add_argument("--video_frames", type=int, help="clip length (default: 1 + the temporal stride)")
     media.add_argument("--video_fps", type=float, help="clip frame rate (default: the video's own)")
-    media.add_argument("--video_start", default="start", help="'start', 'centre' or seconds")
+    media.add_argument("--video_start", type=clip_start, default="start", help="'start', 'centre' or seconds")
     media.add_argument("--short", default="refuse", choices=("refuse", "repeat_last"), help="short videos")
     return p
 
@@ -76,13 +86,12 @@ def decode_settings(args: argparse.Namespace, tokenizers: FrozenTokenizers) -> D
     if visual is not None and visual.temporal:
         frames = args.video_frames or 1 + visual.temporal_stride
         visual.latent_frames(frames)  # refuses a clip length that does not fit the stride, before any work
-    start = args.video_start if args.video_start in ("start", "centre") else float(args.video_start)
     return DecodeSettings(
         image_size=visual.image_size if visual is not None else None,
         fit=args.fit,
         video_frames=frames,
         video_fps=args.video_fps,
-        video_start=start,
+        video_start=args.video_start,
         short=args.short,
         sample_rate=audio.sample_rate if audio is not None else None,
         max_pixels=args.max_pixels,

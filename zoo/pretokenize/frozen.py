@@ -27,7 +27,7 @@ from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer
 
 
-def _find_spec(tree: Any, wanted: str) -> dict | None:
+def find_spec(tree: Any, wanted: str) -> dict | None:
     """The first `{"class_path": wanted, ...}` mapping in a config tree (depth first, in file order)."""
     if isinstance(tree, dict):
         if tree.get("class_path") == wanted:
@@ -38,7 +38,7 @@ def _find_spec(tree: Any, wanted: str) -> dict | None:
     else:
         return None
     for child in children:
-        found = _find_spec(child, wanted)
+        found = find_spec(child, wanted)
         if found is not None:
             return found
     return None
@@ -57,7 +57,7 @@ def load_component(config_path: str, cls: type[nn.Module], weights: str | None =
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: not valid YAML or JSON ({error})") from None
     wanted = f"{cls.__module__}.{cls.__qualname__}"
-    spec = _find_spec(tree, wanted)
+    spec = find_spec(tree, wanted)
     if spec is None:
         raise ValueError(f"{path}: no component with class_path {wanted} in it")
     init_args = dict(spec.get("init_args") or {})
