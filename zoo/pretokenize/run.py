@@ -150,7 +150,7 @@ class _Writer:
             return
         output.abort()
         unit = self.units[item.unit]
-        self.tally.unreadable.append({"input": unit.describe(), "reason": item.error, "shard": None})
+        self.tally.unreadable.append(input_failure(unit.describe(), item.error))
         self.advance(unit.count - item.read)
 
     def flush(self, kind: str) -> None:
@@ -201,6 +201,11 @@ class _Writer:
         self.open.clear()
 
 
+def input_failure(source: str, reason: str) -> dict[str, Any]:
+    """A failure-manifest entry for a whole input (a sample's has its key and position, and its shard)."""
+    return {"input": source, "key": None, "position": None, "reason": reason, "shard": None}
+
+
 def _items(batch: Item) -> Item:
     return batch  # the DataLoader's collate: items travel as they are
 
@@ -224,7 +229,7 @@ def tokenize_corpus(
     """
     if batch_size < 1 or num_workers < 0:
         raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {batch_size} and {num_workers}")
-    units, unreadable = plan_units(inputs, lines_per_shard, index)
+    units, unreadable_inputs = plan_units(inputs, lines_per_shard, index)
     run = {"tokenizers": tokenizers.summary(), "decode": dataclasses.asdict(settings)}
     folder = OutputFolder(out, run)
     finished = {u.index: state for u in units if (state := folder.finished(u)) is not None}
@@ -247,9 +252,7 @@ def tokenize_corpus(
     seconds = time.perf_counter() - start
     states = {**finished, **writer.tally.written}
     folder.write_index([(u, states[u.index]) for u in units if u.index in states])
-    failures = [
-        {"input": f.url, "reason": f.reason, "shard": None} for f in unreadable
-    ] + writer.tally.unreadable
+    failures = [input_failure(f.url, f.reason) for f in unreadable_inputs] + writer.tally.unreadable
     bad = 0
     for unit in units:
         for failure in states.get(unit.index, {}).get("failures", []):
