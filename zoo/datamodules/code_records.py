@@ -114,7 +114,9 @@ class CodeRecord:
             raise BadSample(f"{where}: unknown kind {kind!r}; expected image, video or audio")
         if codes.dtype != CODE_DTYPE:
             raise BadSample(f"{where}: codes are {codes.dtype}, expected uint16")
-        info = dict(meta.get("codes") or {})
+        if not isinstance(meta.get("codes"), dict):
+            raise BadSample(f"{where}: the record's json has no 'codes' object (shape, scales, frames)")
+        info = dict(meta["codes"])
         scales = tuple(int(s) for s in info.pop("scales", ()))
         frames = int(info.pop("frames", 1))
         for known in ("dtype", "shape", "order"):
