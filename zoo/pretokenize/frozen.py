@@ -107,13 +107,11 @@ class FrozenTokenizers:
     def __init__(self, visual: VisualTokenizer | None, audio: AudioCodec | None) -> None:
         if visual is None and audio is None:
             raise ValueError("no tokenizer: give a visual tokenizer, an audio codec, or a model with either")
-        for module, sizes in ((visual, (getattr(visual, "codebook_size", 0),)),
-                              (audio, tuple(getattr(audio, "codebook_sizes", ())))):  # fmt: skip
-            if module is not None and max(sizes) > MAX_CODEBOOK:
-                raise ValueError(
-                    f"{type(module).__name__} has {max(sizes)} codes; code shards store uint16 (at most "
-                    f"{MAX_CODEBOOK})"
-                )
+        largest = {"the visual tokenizer": visual.codebook_size if visual is not None else 0,
+                   "the audio codec": max(audio.codebook_sizes) if audio is not None else 0}  # fmt: skip
+        for name, size in largest.items():
+            if size > MAX_CODEBOOK:
+                raise ValueError(f"{name} has {size} codes; code shards hold uint16 (at most {MAX_CODEBOOK})")
         if audio is not None and _uninitialised(audio):
             raise ValueError(
                 f"the audio codec's codebooks were never initialised ({', '.join(_uninitialised(audio))}): "
