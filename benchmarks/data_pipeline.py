@@ -8,10 +8,14 @@ Measurements, each a function returning JSON keys (run all, or some with `--only
   quarter of the budget; `map` reads every byte of a sample (a stand-in for decoding). The stream runs in
   the main process (`num_workers=0`), where RSS covers all of it.
 
-Throughput keys (documents/s and tokens/s of raw media and code shards, beside the models' consumption)
-join `MEASUREMENTS` later.
+- `throughput` (`_throughput.py`): documents/s and tokens/s delivered by (a) raw media decoded and
+  tokenized on the fly and (b) code shards, at 0 and `--workers` workers, beside the training consumption
+  (tokens/s of a train step) of the `tiny` and `small` presets measured in the same run
+  (`shards_over_small_consumption`, target >= 3), and `zoo tokenize` images/s and audio seconds/s, on a
+  ShapesWorld corpus the benchmark writes as tar shards.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_pipeline.py --budget-mb 128
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/data_pipeline.py --only throughput --throughput-samples 512
 
 Prints one JSON line.
 """
@@ -31,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, git_revision, log  # noqa: E402
+from _throughput import add_arguments, measure_throughput  # noqa: E402
 
 SAMPLE_BYTES = 256 * 1024
 
@@ -95,6 +100,7 @@ def measure_stream_rss(args: argparse.Namespace) -> dict[str, object]:
 
 MEASUREMENTS: dict[str, Callable[[argparse.Namespace], dict[str, object]]] = {
     "stream_rss": measure_stream_rss,
+    "throughput": measure_throughput,
 }
 
 
@@ -106,6 +112,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=16, help="tar shards the corpus is written as")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--tmp", default=None, help="where to write the corpus (default: the system's)")
+    add_arguments(parser)
     parser.add_argument("--child-stream", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--buffer", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()

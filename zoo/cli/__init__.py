@@ -10,6 +10,7 @@ zoo export --checkpoint last.ckpt --out exported/ [--depth 0.5 --width 0.5 --top
 zoo push --checkpoint last.ckpt --repo_id user/zoo-tiny [--token T] [--private]
 zoo pull --repo_id user/zoo-tiny --out pulled/
 zoo analyze --checkpoint last.ckpt --out analysis/ [--batches 8] [--config data.yaml]   # routing by modality
+zoo tokenize pairs.jsonl 'shards-{0000..0099}.tar' --out codes/ --model exported/   # code shards
 zoo ablate --config base.yaml --variant a= --variant b=overlay.yaml --seeds 0 1 2 --out runs/ablation/
 
 A refusal prints its cause in a line or two (`--debug` prints the traceback); classes named in YAML, flags or

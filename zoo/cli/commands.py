@@ -1,4 +1,5 @@
-"""The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull."""
+"""The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull,
+pre-tokenization."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ EXTRA_COMMANDS = {
     "pull": "download a published model into a directory and check that it loads",
     "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
+    "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
 }
 
 
@@ -123,6 +125,12 @@ def _ablate(argv: list[str]) -> None:
     ablate_main(argv)
 
 
+def _tokenize(argv: list[str]) -> None:
+    from zoo.pretokenize.command import tokenize_main
+
+    tokenize_main(argv)
+
+
 def extra_command(name: str) -> Callable[[list[str]], None] | None:
     """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
     return {
@@ -134,4 +142,5 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "pull": pull_main,
         "analyze": _analyze,
         "ablate": _ablate,
+        "tokenize": _tokenize,
     }.get(name)

@@ -1,0 +1,157 @@
+"""The frozen tokenizers `zoo tokenize` runs, where they come from, and how they encode a batch exactly as
+the unified model does (`NFSP.encode`, `NCP.encode`).
+
+Sources, all read without executing code (the allow-list of `zoo.hub`, weights as safetensors):
+- a config file (YAML or JSON) that holds the tokenizer's `{"class_path", "init_args"}` anywhere in it: the
+  component alone, the tokenizer's training config or a pretraining config; plus a weights file (or the
+  `weights` path the config gives);
+- a unified model: an exported folder (`zoo export`, `save_pretrained`) or a `UnifiedPretraining`
+  checkpoint, whose own visual tokenizer and audio codec are used.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import Tensor, nn
+
+from zoo.datamodules.code_records import CODE_DTYPE, MAX_CODEBOOK
+from zoo.fingerprint import tokenizer_config, tokenizer_hash
+from zoo.models.nfsp import flatten_scales
+from zoo.tokenizers.audio import AudioCodec
+from zoo.tokenizers.visual import VisualTokenizer
+
+
+def find_spec(tree: Any, wanted: str) -> dict | None:
+    """The first `{"class_path": wanted, ...}` mapping in a config tree (depth first, in file order)."""
+    if isinstance(tree, dict):
+        if tree.get("class_path") == wanted:
+            return tree
+        children = tree.values()
+    elif isinstance(tree, list):
+        children = tree
+    else:
+        return None
+    for child in children:
+        found = find_spec(child, wanted)
+        if found is not None:
+            return found
+    return None
+
+
+def load_component(config_path: str, cls: type[nn.Module], weights: str | None = None) -> nn.Module:
+    """The `cls` component a config file describes, with `weights` (a .safetensors file or a folder with
+    model.safetensors) loaded strictly when given, else the weights the config names, if any."""
+    from zoo.hub import build_from_config
+
+    path = Path(config_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such config file")
+    try:
+        tree = yaml.safe_load(path.read_text())  # JSON is YAML
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML or JSON ({error})") from None
+    wanted = f"{cls.__module__}.{cls.__qualname__}"
+    spec = find_spec(tree, wanted)
+    if spec is None:
+        raise ValueError(f"{path}: no component with class_path {wanted} in it")
+    init_args = dict(spec.get("init_args") or {})
+    if weights is not None:
+        init_args["weights"] = weights
+    elif init_args.get("weights") is None:
+        raise ValueError(
+            f"{path}: the {cls.__name__} has no weights: give its trained .safetensors file (an untrained "
+            "tokenizer makes codes no model can use)"
+        )
+    module = build_from_config({"class_path": wanted, "init_args": init_args}, where=str(path))
+    assert isinstance(module, cls)
+    return module
+
+
+def model_tokenizers(path: str) -> tuple[VisualTokenizer | None, AudioCodec | None]:
+    """The visual tokenizer and audio codec of a unified model: an exported folder or a Lightning
+    checkpoint of `UnifiedPretraining`."""
+    from zoo.hub import from_pretrained, load_lightning_checkpoint
+
+    location = Path(path)
+    if location.is_dir() and not (location / "meta.pt").is_file():
+        model = from_pretrained(location)
+    elif location.exists():
+        model, _ = load_lightning_checkpoint(location)
+    else:
+        raise FileNotFoundError(f"{path}: neither an exported model folder nor a checkpoint")
+    if model.visual_tokenizer is None and model.audio_codec is None:
+        raise ValueError(
+            f"{path}: the model has neither a visual tokenizer nor an audio codec to tokenize with"
+        )
+    return model.visual_tokenizer, model.audio_codec
+
+
+def _uninitialised(codec: AudioCodec) -> list[str]:
+    return [name for name, buffer in codec.named_buffers() if name.endswith("initted") and not bool(buffer)]
+
+
+class FrozenTokenizers:
+    """A visual tokenizer and an audio codec (either may be None), frozen, with their fingerprints.
+
+    Refused: codebooks larger than uint16 codes hold, and an audio codec whose k-means codebooks were never
+    initialised (it would initialise them from the first batch it encodes, so codes and fingerprint would
+    depend on which batch came first).
+    """
+
+    def __init__(self, visual: VisualTokenizer | None, audio: AudioCodec | None) -> None:
+        if visual is None and audio is None:
+            raise ValueError("no tokenizer: give a visual tokenizer, an audio codec, or a model with either")
+        largest = {"the visual tokenizer": visual.codebook_size if visual is not None else 0,
+                   "the audio codec": max(audio.codebook_sizes) if audio is not None else 0}  # fmt: skip
+        for name, size in largest.items():
+            if size > MAX_CODEBOOK:
+                raise ValueError(f"{name} has {size} codes; code shards hold uint16 (at most {MAX_CODEBOOK})")
+        if audio is not None and _uninitialised(audio):
+            raise ValueError(
+                f"the audio codec's codebooks were never initialised ({', '.join(_uninitialised(audio))}): "
+                "an untrained codec with kmeans_init; give trained weights"
+            )
+        self.visual = visual.requires_grad_(False).eval() if visual is not None else None
+        self.audio = audio.requires_grad_(False).eval() if audio is not None else None
+        self.records = {
+            name: {"hash": tokenizer_hash(m), "config": tokenizer_config(m)}
+            for name, m in (("visual_tokenizer", self.visual), ("audio_codec", self.audio))
+            if m is not None
+        }
+
+    def summary(self) -> dict[str, dict[str, Any] | None]:
+        """Fingerprint and configuration of each tokenizer (None where there is none)."""
+        return {name: self.records.get(name) for name in ("visual_tokenizer", "audio_codec")}
+
+    @torch.no_grad()
+    def encode_visual(self, pixels: list[Tensor], video: bool) -> list[tuple[np.ndarray, int]]:
+        """Flat uint16 codes in (frame, scale, row, col) order and latent frames, per image or clip."""
+        assert self.visual is not None
+        x = torch.stack(pixels)
+        if not video and self.visual.temporal:
+            x = x.unsqueeze(2)  # as NFSP.encode: an image is a one-frame video
+        codes = self.visual.encode(x)
+        frames = codes[0].shape[1]
+        flat = flatten_scales(codes).numpy().astype(CODE_DTYPE)
+        return [(row, frames) for row in flat]
+
+    @torch.no_grad()
+    def encode_audio(self, waves: list[Tensor]) -> list[np.ndarray]:
+        """uint16 codes [frames, levels] per wave. Waves of one length are encoded together, each other
+        length alone: zero padding would reach into the last frames (NCP.encode encodes one at a time)."""
+        assert self.audio is not None
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for i, wave in enumerate(waves):
+            by_length[len(wave)].append(i)
+        out: list[np.ndarray | None] = [None] * len(waves)
+        for indices in by_length.values():
+            codes = self.audio.encode(torch.stack([waves[i] for i in indices]))
+            for i, row in zip(indices, codes.numpy().astype(CODE_DTYPE), strict=True):
+                out[i] = row
+        return out  # type: ignore[return-value]

@@ -1,0 +1,185 @@
+"""What `zoo tokenize` reads: its inputs cut into units, one output shard each, and the stream of decoded
+samples that DataLoader workers make of them.
+
+A unit is a whole input tar shard, or `lines_per_shard` lines of a manifest (a `Shard` piece: a file, a
+first sample, a count). Units are numbered in input order; unit i becomes `codes-0000i.tar`. Each worker
+reads whole units (unit i goes to worker i mod workers), decodes every sample with `zoo.media` and hands
+the main process, in order: a `Decoded` sample or a `Failed` one (with why), and a `UnitEnd` when the unit
+is read. A unit that cannot be read to its end (a truncated tar) ends with an error and is not written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Literal
+
+from torch import Tensor
+from torch.utils.data import IterableDataset, get_worker_info
+
+from zoo.datamodules.bad_samples import SAMPLE_ERRORS, describe
+from zoo.datamodules.shards import JsonlLines, TarSamples, count_shards, expand
+from zoo.pretokenize.records import DecodeSettings, RawRecord, decode, manifest_record, tar_record
+
+InputFormat = Literal["tar", "manifest"]
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+DECODE_ERRORS = (*SAMPLE_ERRORS, RuntimeError)  # zoo.media's MediaError is a ValueError; decoders' own
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Samples `[start, start + count)` of the input `url`, written as output shard number `index`."""
+
+    index: int
+    url: str
+    format: InputFormat
+    start: int
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"codes-{self.index:05d}.tar"
+
+    def describe(self) -> str:
+        if self.format == "tar":
+            return self.url
+        return f"{self.url} samples {self.start}..{self.start + self.count - 1}"
+
+    def as_json(self) -> dict[str, object]:
+        return {"url": self.url, "format": self.format, "start": self.start, "count": self.count}
+
+
+@dataclass(frozen=True)
+class PlanFailure:
+    """An input that could not even be counted (a corrupt tar): its unit number is kept for it."""
+
+    index: int
+    url: str
+    reason: str
+
+
+def input_format(url: str) -> InputFormat:
+    name = url.lower()
+    if name.endswith(".jsonl"):
+        return "manifest"
+    if name.endswith(TAR_SUFFIXES):
+        return "tar"
+    raise ValueError(
+        f"{url}: unknown input; expected a .jsonl manifest or a WebDataset shard (.tar, .tar.gz)"
+    )
+
+
+def plan_units(
+    inputs: Sequence[str], lines_per_shard: int, index: str | None = None
+) -> tuple[list[Unit], list[PlanFailure]]:
+    """The units of `inputs` (paths, urls, brace patterns), and the tar shards that could not be counted.
+
+    Manifests must exist (a missing one is a mistyped argument: `FileNotFoundError`); tar counts come from
+    `index`, an `index.json` beside the shard, or a scan of the local file (`count_shards`).
+    """
+    if lines_per_shard < 1:
+        raise ValueError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
+    urls = expand(inputs)
+    if not urls:
+        raise ValueError("no inputs given: name manifests (.jsonl) or tar shards (brace patterns work)")
+    units: list[Unit] = []
+    failures: list[PlanFailure] = []
+    for url in urls:
+        number = len(units) + len(failures)
+        if input_format(url) == "manifest":
+            lines = JsonlLines().count(url)
+            for start in range(0, lines, lines_per_shard):
+                count = min(lines_per_shard, lines - start)
+                units.append(Unit(len(units) + len(failures), url, "manifest", start, count))
+            continue
+        try:
+            (shard,) = count_shards([url], TarSamples(), index)
+        except ValueError as error:
+            failures.append(PlanFailure(number, url, str(error)))
+            continue
+        if shard.samples:
+            units.append(Unit(number, url, "tar", 0, shard.samples))
+    return units, failures
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A sample ready for its tokenizer: `value` is pixels [3, S, S], a clip [3, T, S, S] or a wave [N]."""
+
+    unit: int
+    position: int
+    source: str
+    key: str
+    kind: str
+    text: str
+    value: Tensor
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A sample that cannot be used, and why (the failure manifest lists it)."""
+
+    unit: int
+    position: int
+    source: str
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class UnitEnd:
+    """Unit `unit` is read: `read` samples; `error` when it could not be read to its end."""
+
+    unit: int
+    read: int
+    error: str | None = None
+
+
+Item = Decoded | Failed | UnitEnd
+
+
+def decode_sample(unit: Unit, position: int, sample: dict, settings: DecodeSettings) -> Decoded | Failed:
+    key = str(sample.get("__key__", f"sample {position}"))
+    try:
+        record: RawRecord = (manifest_record if unit.format == "manifest" else tar_record)(sample)
+        value = decode(record, settings)
+    except DECODE_ERRORS as error:
+        return Failed(unit.index, position, unit.url, key, describe(error))
+    return Decoded(unit.index, position, unit.url, key, record.kind, record.text, value)
+
+
+def read_unit(unit: Unit, settings: DecodeSettings) -> Iterator[Item]:
+    """The unit's samples decoded, then its `UnitEnd`."""
+    samples = (TarSamples() if unit.format == "tar" else JsonlLines()).read(unit.url, unit.start)
+    read = 0
+    try:
+        taken = islice(samples, unit.count)
+        while True:
+            try:
+                sample = next(taken)
+            except StopIteration:
+                break
+            except Exception as error:  # noqa: BLE001 - a broken input is reported, the others go on
+                at = unit.start + read
+                yield UnitEnd(unit.index, read, f"could not be read past sample {at}: {describe(error)}")
+                return
+            yield decode_sample(unit, unit.start + read, sample, settings)
+            read += 1
+    finally:
+        samples.close()
+    short = f"it ended after {read} samples, but its count says {unit.count}" if read < unit.count else None
+    yield UnitEnd(unit.index, read, short)
+
+
+class DecodedStream(IterableDataset):
+    """The decoded samples of `units`, unit i read by DataLoader worker i mod workers (module docstring)."""
+
+    def __init__(self, units: Sequence[Unit], settings: DecodeSettings) -> None:
+        self.units, self.settings = list(units), settings
+
+    def __iter__(self) -> Iterator[Item]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for unit in self.units[worker::workers]:
+            yield from read_unit(unit, self.settings)
