@@ -156,13 +156,15 @@ def swap_folder_in(staged: Path, target: Path) -> None:
 class ZooCheckpoint(ModelCheckpoint):
     """Lightning's `ModelCheckpoint`, saving every `every_n_train_steps` steps or every `every_n_minutes`
     minutes of training, whichever comes first, and `last.ckpt` by default; every save is kill-safe.
+    The arguments not described here are those of `ModelCheckpoint`.
 
-    Args (the rest as in `ModelCheckpoint`):
+    Args:
         every_n_train_steps: save after every this many optimiser steps (None or 0: not by steps).
         every_n_minutes: save when this many minutes have passed since the last save (None: not by time);
             the clock restarts at every save, whatever triggered it. Combines with steps or with epochs.
         save_last: also keep `last.ckpt`, rewritten at every save (True by default: what `--ckpt_path`
-            resumes from); "link" makes it a symlink to the newest checkpoint, replaced atomically.
+            resumes from); "link" makes it a symlink to the newest checkpoint, replaced atomically, and
+            the checkpoint it pointed to is removed only once it points to the new one.
     """
 
     def __init__(
@@ -207,6 +209,7 @@ class ZooCheckpoint(ModelCheckpoint):
             enable_version_counter=enable_version_counter,
         )
         self.every_n_minutes = every_n_minutes
+        self._remove_after_relink: list[str] = []
         if every_n_minutes is not None:
             self._train_time_interval = timedelta(minutes=every_n_minutes)
 
@@ -263,6 +266,20 @@ class ZooCheckpoint(ModelCheckpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
 
+    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        # With save_last="link", Lightning removes the previous top-k checkpoint before it relinks
+        # last.ckpt: a kill in between would leave last.ckpt pointing at nothing. Remove after relinking.
+        if self.save_last == "link":
+            self._remove_after_relink.append(filepath)
+        else:
+            super()._remove_checkpoint(trainer, filepath)
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+        removals, self._remove_after_relink = self._remove_after_relink, []
+        for filepath in removals:
+            super()._remove_checkpoint(trainer, filepath)
+
     @staticmethod
     def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
         """`save_last="link"`: Lightning removes the old link before making the new one, which leaves a
@@ -282,7 +299,8 @@ class ZooCheckpoint(ModelCheckpoint):
                     staged.unlink()
                 if source.is_dir():
                     raise
-                write_atomically(link, lambda file: file.write(source.read_bytes()))
+                with open(source, "rb") as original:
+                    write_atomically(link, lambda file: shutil.copyfileobj(original, file))
         trainer.strategy.barrier()
 
 
