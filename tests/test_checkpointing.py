@@ -100,8 +100,22 @@ class MarkedRegression(L.LightningModule):
         return torch.optim.SGD(self.linear.parameters(), lr=0.01)
 
 
-def distributed_save_loop(folder: str) -> None:
-    """Two-process FSDP2 training that saves a distributed last.ckpt folder after every step until killed."""
+class ReadyAfterFirstSave(L.Callback):
+    """Creates `path` once this run's first checkpoint is complete (checkpoint callbacks run after this one
+    in each hook, so at the second batch end the first batch's save is done)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.batches = Path(path), 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+        if self.batches == 2 and trainer.is_global_zero:
+            self.path.touch()
+
+
+def distributed_save_loop(folder: str, ready: str, resume: str) -> None:
+    """Two-process FSDP2 training that saves a distributed last.ckpt folder after every step until killed;
+    `resume` "1": resumed from that last.ckpt, as a killed run would be."""
     from zoo.parallel import FSDP2Strategy
 
     torch.set_num_threads(1)
@@ -113,9 +127,12 @@ def distributed_save_loop(folder: str) -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[ZooCheckpoint(dirpath=folder, every_n_train_steps=1, save_top_k=0)],
+        callbacks=[
+            ReadyAfterFirstSave(ready),
+            ZooCheckpoint(dirpath=folder, every_n_train_steps=1, save_top_k=0),
+        ],
     )
-    trainer.fit(MarkedRegression())
+    trainer.fit(MarkedRegression(), ckpt_path=str(Path(folder) / "last.ckpt") if resume == "1" else None)
 
 
 def start_script(*args: str) -> subprocess.Popen:
@@ -142,11 +159,14 @@ def wait_for(ready: Path, process: subprocess.Popen, timeout: float = 120) -> No
 
 def kill_when(process: subprocess.Popen, ready: Path, delay: float, inside: Path | None = None) -> None:
     """SIGKILLs the process group `delay` seconds after `ready` appears, then, given `inside`, as soon as
-    something appears inside that folder."""
+    a shard appears inside that folder."""
     try:
         wait_for(ready, process)
         time.sleep(delay)
-        while inside is not None and not (inside.is_dir() and any(inside.iterdir())):
+        deadline = time.monotonic() + 60
+        while inside is not None and not any(inside.glob("*.distcp")):
+            assert process.poll() is None, "the saving process died"
+            assert time.monotonic() < deadline, f"no shard appeared in {inside}"
             time.sleep(0.001)
     finally:
         os.killpg(process.pid, signal.SIGKILL)
@@ -262,11 +282,14 @@ def test_a_two_process_distributed_save_killed_in_the_middle_never_leaves_a_mixe
 ):  # ~20 s: two two-process runs, each killed while it saves after every step
     target = tmp_path / "ckpt" / "last.ckpt"
     new_folder = target.parent / f"{staging_prefix(target)}new"
-    # The first run is killed at a moment drawn at random; the second as soon as a new shard is on disk,
-    # the moment Lightning alone is most exposed (new shards beside the old .metadata and meta.pt).
-    for delay, inside in ((random.Random(1).uniform(0.2, 1.5), None), (0.0, new_folder)):
-        process = start_script("distributed-save-loop", str(target.parent))
-        kill_when(process, target / ".metadata", delay, inside)
+    # The first run is killed at a moment drawn at random; the second, resumed from the first's last.ckpt
+    # as a killed run would be, as soon as a new shard is on disk: the moment Lightning alone is most
+    # exposed (new shards beside the old .metadata and meta.pt).
+    runs = ((random.Random(1).uniform(0.2, 1.5), None), (0.0, new_folder))
+    for run, (delay, inside) in enumerate(runs):
+        ready = tmp_path / f"ready-{run}"
+        process = start_script("distributed-save-loop", str(target.parent), str(ready), str(run))
+        kill_when(process, ready, delay, inside)
         listing = sorted(p.name for p in target.parent.iterdir())
         assert (target / ".metadata").exists() and (target / "meta.pt").exists(), listing
         assert set(listing) <= {target.name, new_folder.name, f"{staging_prefix(target)}old"}, listing
@@ -277,7 +300,7 @@ def test_a_two_process_distributed_save_killed_in_the_middle_never_leaves_a_mixe
         assert torch.equal(marker, torch.full((WEIGHTS,), float(step))), (
             f"shards of steps {marker.unique().tolist()} beside meta.pt of step {step}"
         )
-        print(f"killed at {'random' if inside is None else 'a new shard'}: {listing}")
+        print(f"run {run} killed at step {step}: {listing}")
 
 
 def shard_folder(path: Path, content: str) -> Path:
