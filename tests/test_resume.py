@@ -1,5 +1,6 @@
-"""Exact resume as a specification (issue 6): `zoo fit` killed by SIGKILL in the middle of an epoch and
-resumed from `last.ckpt` continues with exactly the losses of the run that was never interrupted.
+"""Exact resume as a specification (issues 6 and 21): `zoo fit` killed by SIGKILL in the middle of an epoch
+and resumed from `last.ckpt` continues with exactly the losses of the run that was never interrupted, under
+each stopping rule: `max_steps`, `max_epochs` and `max_time`.
 
 Every run is a real `python -m zoo.cli fit` subprocess on one CPU thread. The callbacks below are loaded
 by those subprocesses by class_path (`test_resume.StepLossLog`), so they live beside the test.
@@ -25,6 +26,18 @@ STEPS_PER_EPOCH = 8  # train_size 128 / batch_size 16
 MAX_STEPS = 20  # epochs 0, 1 and half of 2
 CHECKPOINT_EVERY = 3  # checkpoints at steps 3, 6, 9, 12, ...
 HANG_AT = 14  # the run to be killed stops moving after step 14: the last checkpoint is step 12, mid-epoch 1
+# Each stopping rule: the trainer overrides and the number of steps the run makes. `max_epochs` is the rule
+# that Lightning#20550 breaks (the train loader's state is never restored when a task reads
+# `estimated_stepping_batches` in `configure_optimizers`). A time limit cannot end two runs at the same
+# step on a shared machine, so the `max_time` run gets a limit it never reaches (30 minutes) and a callback
+# ends it at a fixed step: what is tested is that a run under a time limit (no step or epoch limit, the
+# Timer's state in the checkpoint, an unbounded schedule) resumes exactly.
+STOP_AT = 18
+STOPPING_RULES = {
+    "max_steps": ((), MAX_STEPS),
+    "max_epochs": (("--trainer.max_steps=-1", "--trainer.max_epochs=2"), 2 * STEPS_PER_EPOCH),
+    "max_time": (("--trainer.max_steps=-1", "--trainer.max_time=00:00:30:00"), STOP_AT),
+}
 
 
 class StepLossLog(L.Callback):
@@ -44,6 +57,17 @@ class StepLossLog(L.Callback):
             os.fsync(f.fileno())
         if self.hang_at is not None and trainer.global_step >= self.hang_at:
             time.sleep(600)
+
+
+class StopAtStep(L.Callback):
+    """Ends the run after `step` optimiser steps, as a time limit would, but at the same step every time."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
 
 
 CONFIG = f"""
@@ -104,13 +128,20 @@ data:
 
 
 def fit_command(
-    tmp_path: Path, name: str, *extra: str, hang_at: int | None = None, checkpoint: dict | None = None
+    tmp_path: Path,
+    name: str,
+    *extra: str,
+    hang_at: int | None = None,
+    checkpoint: dict | None = None,
+    stop_at: int | None = None,
 ) -> list[str]:
     log = {"class_path": "test_resume.StepLossLog", "init_args": {"path": str(tmp_path / f"{name}.txt")}}
     if hang_at is not None:
         log["init_args"]["hang_at"] = hang_at
     callbacks = [{"class_path": "zoo.tasks.callbacks.ExpertBiasUpdate", "init_args": {"gamma": 0.01}}, log]
     callbacks += [checkpoint] if checkpoint is not None else []
+    if stop_at is not None:
+        callbacks.append({"class_path": "test_resume.StopAtStep", "init_args": {"step": stop_at}})
     return [
         sys.executable, "-m", "zoo.cli", "fit", "--config", str(tmp_path / "config.yaml"),
         f"--trainer.default_root_dir={tmp_path / name}", f"--trainer.callbacks={callbacks}", *extra,
@@ -186,13 +217,20 @@ def checkpoint_callback(dirpath: Path, every: int) -> dict:
     }
 
 
-def test_a_run_killed_mid_epoch_resumes_from_the_last_checkpoint_with_the_uninterrupted_losses(tmp_path):
+@pytest.mark.parametrize("rule", list(STOPPING_RULES))
+def test_a_run_killed_mid_epoch_resumes_from_the_last_checkpoint_with_the_uninterrupted_losses(
+    tmp_path, rule
+):  # ~25 s each: two runs side by side, then the resumed one
     (tmp_path / "config.yaml").write_text(CONFIG)
+    limits, total_steps = STOPPING_RULES[rule]
+    stop_at = STOP_AT if rule == "max_time" else None
     checkpoints = tmp_path / "ckpt"
     checkpoint = checkpoint_callback(checkpoints, CHECKPOINT_EVERY)
-    full = start(fit_command(tmp_path, "full"), tmp_path, "full")
+    full = start(fit_command(tmp_path, "full", *limits, stop_at=stop_at), tmp_path, "full")
     killed = start(
-        fit_command(tmp_path, "killed", hang_at=HANG_AT, checkpoint=checkpoint), tmp_path, "killed"
+        fit_command(tmp_path, "killed", *limits, hang_at=HANG_AT, checkpoint=checkpoint, stop_at=stop_at),
+        tmp_path,
+        "killed",
     )
     try:
         deadline = time.monotonic() + 120
@@ -210,18 +248,19 @@ def test_a_run_killed_mid_epoch_resumes_from_the_last_checkpoint_with_the_uninte
     saved_step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
     assert saved_step % STEPS_PER_EPOCH != 0 and saved_step < HANG_AT, "the checkpoint must be mid-epoch"
 
-    resumed = start(fit_command(tmp_path, "resumed", f"--ckpt_path={last}"), tmp_path, "resumed")
+    resumed_command = fit_command(tmp_path, "resumed", *limits, f"--ckpt_path={last}", stop_at=stop_at)
+    resumed = start(resumed_command, tmp_path, "resumed")
     finish(full, tmp_path, "full")
     finish(resumed, tmp_path, "resumed")
 
     reference, before, after = (losses(tmp_path / f"{n}.txt") for n in ("full", "killed", "resumed"))
-    assert sorted(reference) == list(range(MAX_STEPS))
+    assert sorted(reference) == list(range(total_steps))
     assert sorted(before) == list(range(HANG_AT))
-    assert sorted(after) == list(range(saved_step, MAX_STEPS))
+    assert sorted(after) == list(range(saved_step, total_steps))
     assert before == {s: reference[s] for s in before}
     mismatched = {
         s: (float.fromhex(after[s]), float.fromhex(reference[s])) for s in after if after[s] != reference[s]
     }
     assert not mismatched, (
-        f"resumed from step {saved_step}; (resumed, uninterrupted) losses differ: {mismatched}"
+        f"{rule}: resumed from step {saved_step}; (resumed, uninterrupted) losses differ: {mismatched}"
     )

@@ -426,5 +426,5 @@ class AudioTokenizerTask(L.LightningModule):
         if self.distill_proj is not None:
             params += list(self.distill_proj.parameters())
         optimizer = torch.optim.AdamW(params, lr=self.lr, betas=self.betas, weight_decay=0.0)
-        total = self.trainer.estimated_stepping_batches
+        total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
         return warmup_cosine(optimizer, max(1, self.warmup_steps), total, self.min_lr_ratio)

@@ -254,5 +254,5 @@ class UnifiedPretraining(L.LightningModule):
             lr=self.lr,
             betas=self.betas,
         )
-        total = self.trainer.estimated_stepping_batches
+        total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
         return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)

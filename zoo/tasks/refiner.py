@@ -273,5 +273,5 @@ class RefinerTraining(L.LightningModule):
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
         optimizer = torch.optim.AdamW(self.refiner.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        total = self.trainer.estimated_stepping_batches
+        total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
         return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)

@@ -318,7 +318,7 @@ class VisionEncoderPretraining(L.LightningModule):
             [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=self.lr,
         )
-        total = self.trainer.estimated_stepping_batches
+        total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
         return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
 
 

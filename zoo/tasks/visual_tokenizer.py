@@ -328,7 +328,7 @@ class VisualTokenizerTraining(L.LightningModule):
                 }
             )
         optimizer = torch.optim.AdamW(groups, betas=self.betas)
-        total = self.trainer.estimated_stepping_batches
+        total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
         return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
 
     def on_fit_end(self) -> None:
