@@ -153,6 +153,7 @@ def start(command: list[str], tmp_path: Path, name: str) -> subprocess.Popen:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
         "OMP_NUM_THREADS": "1",
+        "ZOO_ALLOW_IMPORTS": "test_resume",  # the callbacks above, named by class_path (zoo.trust)
     }
     with open(tmp_path / f"{name}.out", "w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -248,7 +249,11 @@ def test_a_run_killed_mid_epoch_resumes_from_the_last_checkpoint_with_the_uninte
     saved_step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
     assert saved_step % STEPS_PER_EPOCH != 0 and saved_step < HANG_AT, "the checkpoint must be mid-epoch"
 
-    resumed_command = fit_command(tmp_path, "resumed", *limits, f"--ckpt_path={last}", stop_at=stop_at)
+    # The resume continues the killed run in its own run folder (zoo.cli.runs), hence its root.
+    same_run = f"--trainer.default_root_dir={tmp_path / 'killed'}"
+    resumed_command = fit_command(
+        tmp_path, "resumed", *limits, f"--ckpt_path={last}", same_run, stop_at=stop_at
+    )
     resumed = start(resumed_command, tmp_path, "resumed")
     finish(full, tmp_path, "full")
     finish(resumed, tmp_path, "resumed")

@@ -122,7 +122,8 @@ def test_a_streamed_run_killed_mid_epoch_resumes_with_the_uninterrupted_losses(t
         "world_size": 1, "num_workers": 2, "batch_size": 16,
     }  # fmt: skip
 
-    resumed = start(fit_command(tmp_path, "resumed", f"--ckpt_path={last}"), tmp_path, "resumed")
+    same_run = f"--trainer.default_root_dir={tmp_path / 'killed'}"  # a resume continues its run folder
+    resumed = start(fit_command(tmp_path, "resumed", f"--ckpt_path={last}", same_run), tmp_path, "resumed")
     finish(full, tmp_path, "full", timeout=240)
     finish(resumed, tmp_path, "resumed", timeout=240)
 

@@ -36,7 +36,9 @@ from pathlib import Path
 from jsonargparse import Namespace
 
 # Callbacks that write outside the run directory or only make pictures: not part of what is compared.
-LEFT_OUT_CALLBACKS = ("ModelCheckpoint", "MultimodalGallery", "GenerationWriter", "SampleGenerations")
+LEFT_OUT_CALLBACKS = (
+    "ModelCheckpoint", "ZooCheckpoint", "MultimodalGallery", "GenerationWriter", "SampleGenerations"
+)
 
 
 @dataclass(frozen=True)

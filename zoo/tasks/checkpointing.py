@@ -165,6 +165,9 @@ class ZooCheckpoint(ModelCheckpoint):
         save_last: also keep `last.ckpt`, rewritten at every save (True by default: what `--ckpt_path`
             resumes from); "link" makes it a symlink to the newest checkpoint, replaced atomically, and
             the checkpoint it pointed to is removed only once it points to the new one.
+        enable_version_counter: off by default (Lightning's is on): each `zoo fit` writes into a run folder
+            of its own, so a `last.ckpt` already there is this run's, being resumed, and is replaced rather
+            than joined by `last-v1.ckpt`.
     """
 
     def __init__(
@@ -183,7 +186,7 @@ class ZooCheckpoint(ModelCheckpoint):
         every_n_minutes: float | None = None,
         every_n_epochs: int | None = None,
         save_on_train_epoch_end: bool | None = None,
-        enable_version_counter: bool = True,
+        enable_version_counter: bool = False,
     ) -> None:
         if every_n_minutes is not None and not every_n_minutes > 0:
             raise ValueError(f"ZooCheckpoint: every_n_minutes must be > 0 (or None), got {every_n_minutes}")
