@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from zoo.batch import PAD_DOC, GroupBatch, Modality
-from zoo.models.backbone import AttentionContext, KVCache
+from zoo.models.backbone import AttentionContext
 from zoo.models.elastic import ElasticConfig
+from zoo.models.kv_cache import KVCache
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
@@ -155,7 +156,7 @@ def speculative_generate(
     backbone, mtp = model.backbone, model.text_head.mtp[0]
     max_len = len(prompt) + max_new_tokens + 2
     cache = backbone.new_cache(1, max_len)
-    mtp_cache = KVCache(1, 1, backbone.n_kv_heads, max_len, backbone.head_dim, cache.k.dtype, device)
+    mtp_cache = KVCache(1, 1, backbone.n_kv_heads, max_len, backbone.head_dim, cache.dtype, device)
     stops = set((model.vocab.eos_id,) if stop_ids is None else stop_ids)
 
     def run(ids: list[int], start: int) -> Tensor:
@@ -173,7 +174,6 @@ def speculative_generate(
             model.text_embed(batch.input_ids),
             AttentionContext(ctx.cos, ctx.sin, ctx.mask, mtp_cache, ctx.start),
         )
-        mtp_cache.length = ctx.start + len(next_ids)
         return int(model.sampling_logits(state[:, -1]).argmax(-1))
 
     hidden = run(prompt, 0)

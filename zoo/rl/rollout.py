@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from zoo.batch import PAD_DOC, GroupBatch, Modality
+from zoo.batch import GroupBatch, Modality
 from zoo.datamodules.sequence import Document
-from zoo.models.backbone import KVCache
 from zoo.models.generation import sample_next
+from zoo.models.kv_cache import KVCache
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import fp8_module_filter, is_sharded
 from zoo.rl.prompts import (
@@ -574,8 +574,7 @@ class InferenceEngine:
         rows = self._active
         cache = self._cache
         if cache.length + 1 > cache.max_len:
-            self._grow(_CACHE_HEADROOM)
-            cache = self._cache
+            cache.grow(_CACHE_HEADROOM)
         ids = torch.tensor([[r.rollout.response_ids[-1]] for r in rows], device=self.device)
         t = torch.tensor([[r.next_t] for r in rows], device=self.device)
         group = torch.tensor([[r.next_group] for r in rows], device=self.device)
@@ -621,13 +620,7 @@ class InferenceEngine:
         if not keep:
             self._cache = None
             return finished
-        cache, index = self._cache, torch.tensor(keep, device=self.device)
-        first = cache.length - max(r.fed for r in self._active)  # columns now padding in every row
-        cache.k = cache.k[:, index, :, first:]
-        cache.v = cache.v[:, index, :, first:]
-        cache.doc_id, cache.group_id = cache.doc_id[index, first:], cache.group_id[index, first:]
-        cache.max_len -= first
-        cache.length -= first
+        self._cache.select(keep)
         return finished
 
     @staticmethod
@@ -648,34 +641,9 @@ class InferenceEngine:
 
     def _merge(self, rows: list[_Row], new: KVCache) -> None:
         """Join freshly prefilled rows to the running batch: every row's entries end at one column."""
-        old = self._cache
-        old_len = 0 if old is None else old.length
-        length = max(old_len, new.length)
-        n_old = 0 if old is None else old.k.shape[1]
-        merged = self.model.backbone.new_cache(n_old + len(rows), length + _CACHE_HEADROOM)
-        merged.doc_id.fill_(PAD_DOC)
-        for source, rows_at, n in ((old, 0, old_len), (new, n_old, new.length)):
-            if source is None:
-                continue
-            b = source.k.shape[1]
-            cols = slice(length - n, length)
-            merged.k[:, rows_at : rows_at + b, :, cols] = source.k[:, :, :, :n]
-            merged.v[:, rows_at : rows_at + b, :, cols] = source.v[:, :, :, :n]
-            merged.doc_id[rows_at : rows_at + b, cols] = source.doc_id[:, :n]
-            merged.group_id[rows_at : rows_at + b, cols] = source.group_id[:, :n]
-        merged.length = length
-        self._cache = merged
+        caches = [new] if self._cache is None else [self._cache, new]
+        self._cache = KVCache.join(caches, headroom=_CACHE_HEADROOM)
         self._active = self._active + rows
-
-    def _grow(self, extra: int) -> None:
-        c = self._cache
-        pad = list(c.k.shape)
-        pad[3] = extra
-        c.k = torch.cat([c.k, c.k.new_zeros(pad)], dim=3)
-        c.v = torch.cat([c.v, c.v.new_zeros(pad)], dim=3)
-        c.doc_id = torch.cat([c.doc_id, c.doc_id.new_full((c.doc_id.shape[0], extra), PAD_DOC)], dim=1)
-        c.group_id = torch.cat([c.group_id, c.group_id.new_zeros((c.group_id.shape[0], extra))], dim=1)
-        c.max_len += extra
 
 
 # The trainer side (router replay) lives in zoo/rl/replay.py; re-exported here for the contract's name.

@@ -1,0 +1,62 @@
+"""The decoding core as a specification (issue 15): the KV cache's operations, the sampler, the decode
+steps and the loops over them."""
+
+import pytest
+import torch
+
+from zoo.batch import PAD_DOC
+from zoo.models.kv_cache import KVCache
+
+
+def filled(rows: int, length: int, pad: list[int], fill: float) -> KVCache:
+    """A one-layer cache whose row r has `pad[r]` padding columns on its left, keys and values = `fill`."""
+    cache = KVCache(1, rows, 1, length + 2, 2)
+    doc = torch.tensor([[PAD_DOC] * p + [0] * (length - p) for p in pad])
+    start = cache.extend(doc, torch.arange(length).expand(rows, -1))
+    cache.store(0, start, torch.full((rows, 1, length, 2), fill), torch.full((rows, 1, length, 2), -fill))
+    return cache
+
+
+def cached(cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer 0's keys and values `[R, length]` (first channel): storing nothing returns what is there."""
+    empty = torch.zeros(cache.rows, 1, 0, 2)
+    k, v = cache.store(0, cache.length, empty, empty)
+    return k[:, 0, :, 0], v[:, 0, :, 0]
+
+
+def test_a_forward_extends_the_cache_and_each_layer_stores_where_its_positions_go():
+    cache = KVCache(2, 1, 1, 4, 2)
+    assert cache.extend(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None]) == 0
+    k, v = cache.store(1, 0, torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
+    assert cache.length == 3 and k.shape == (1, 1, 3, 2) and cache.doc_id.shape == (1, 3)
+    with pytest.raises(ValueError, match="cache holds 4 positions; 3 used \\+ 2 new = 5"):
+        cache.extend(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
+    cache.truncate(1)
+    assert cache.length == 1 and cache.group_id.tolist() == [[0]]
+    with pytest.raises(ValueError, match="cannot truncate a cache of length 1 to 2"):
+        cache.truncate(2)
+
+
+def test_joined_rows_are_right_aligned_and_selecting_rows_drops_the_columns_no_row_uses():
+    short, long = filled(1, 2, [0], 1.0), filled(2, 5, [0, 3], 2.0)
+    joined = KVCache.join([short, long], headroom=4)
+    assert joined.rows == 3 and joined.length == 5 and joined.max_len == 9
+    assert joined.doc_id.tolist() == [[PAD_DOC] * 3 + [0] * 2, [0] * 5, [PAD_DOC] * 3 + [0] * 2]
+    k, _ = cached(joined)
+    assert k.tolist() == [[0, 0, 0, 1, 1], [2] * 5, [2] * 5]  # what the padding columns hold is masked
+    joined.select([2, 0])  # the long row leaves: three columns are padding in both rows that stay
+    assert joined.rows == 2 and joined.length == 2 and joined.doc_id.tolist() == [[0, 0], [0, 0]]
+    k, v = cached(joined)
+    assert k.tolist() == [[2, 2], [1, 1]] and v.tolist() == [[-2, -2], [-1, -1]]
+    joined.grow(3)
+    assert joined.max_len == 9 - 3 + 3 and joined.length == 2
+
+
+def test_cache_operations_refuse_what_they_cannot_do():
+    cache = filled(2, 3, [0, 0], 1.0)
+    with pytest.raises(ValueError, match="at least one row"):
+        cache.select([])
+    with pytest.raises(ValueError, match="extra >= 1"):
+        cache.grow(0)
+    with pytest.raises(ValueError, match="at least one cache"):
+        KVCache.join([])
