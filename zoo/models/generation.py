@@ -121,7 +121,7 @@ def generate_text(
     step_ids, step_doc, step_index = ids, doc, index
     for _ in range(max_new_tokens):
         batch = text_batch(step_ids, step_doc, step_index)
-        hidden = model.backbone(model.embed(batch), batch, elastic=elastic, cache=cache).hidden
+        hidden = model.forward_hidden(batch, cache=cache, elastic=elastic).hidden
         token = sample_next(model.sampling_logits(hidden[:, -1]), temperature, top_k, top_p, generator)
         for row in range(b):
             if not done[row]:
@@ -162,7 +162,7 @@ def speculative_generate(
     def run(ids: list[int], start: int) -> Tensor:
         index = torch.arange(start, start + len(ids), device=device)[None]
         batch = text_batch(torch.tensor([ids], device=device), torch.zeros_like(index), index)
-        return backbone(model.embed(batch), batch, cache=cache).hidden
+        return model.forward_hidden(batch, cache=cache).hidden
 
     def draft(hidden: Tensor, next_ids: list[int], start: int) -> int:
         """Feed MTP positions start.. (each with its known next token); return the draft after the last."""

@@ -49,7 +49,7 @@ def _prefill(model: UnifiedModel, prompts: list[list[int]], extra: int) -> tuple
         raise ValueError(f"prompt ({ids.shape[1]}) + generated positions ({extra}) exceed max_seq_len")
     cache = model.backbone.new_cache(len(prompts), longest)
     batch = text_batch(ids, doc, index)
-    hidden = model.backbone(model.embed(batch), batch, cache=cache).hidden
+    hidden = model.forward_hidden(batch, cache=cache).hidden
     return hidden[:, -1], index[:, -1] + 1, cache
 
 
@@ -115,12 +115,12 @@ def generate_visual(
                 for j in range(s * s):
                     one = slice(j, j + 1)
                     batch = _step_batch(modality, t[:, one], h[:, one], w[:, one], group[:, None])
-                    steps.append(model.backbone(x[:, j : j + 1], batch, cache=cache).hidden)
+                    steps.append(model.forward_hidden(batch, cache=cache, inputs=x[:, j : j + 1]).hidden)
                     group = group + 1
                 hidden = torch.cat(steps, dim=1)
             else:
                 batch = _step_batch(modality, t, h, w, group[:, None].expand(r, s * s))
-                hidden = model.backbone(x, batch, cache=cache).hidden
+                hidden = model.forward_hidden(batch, cache=cache, inputs=x).hidden
                 group = group + 1
             logits = nfsp.logits(hidden).float()
             if cfg_scale > 0:
@@ -160,7 +160,8 @@ def generate_audio(
         if bool(done.all()) or step + 1 == max_frames:
             break
         batch = _step_batch(Modality.AUDIO, t[:, None], t[:, None], t[:, None], t[:, None])
-        hidden = model.backbone(ncp.embed_codes(codes)[:, None], batch, cache=cache).hidden[:, -1]
+        inputs = ncp.embed_codes(codes)[:, None]
+        hidden = model.forward_hidden(batch, cache=cache, inputs=inputs).hidden[:, -1]
         t = t + 1
     q = ncp.levels
     return [torch.stack(f) if f else torch.zeros(0, q, dtype=torch.long, device=t.device) for f in frames]
@@ -185,7 +186,7 @@ def generate_text_after(
     if length + max_new_tokens > model.backbone.max_seq_len:
         raise ValueError(f"prompt ({length}) + max_new_tokens ({max_new_tokens}) exceed max_seq_len")
     cache = model.backbone.new_cache(b, length + max_new_tokens)
-    hidden = model.backbone(model.embed(prompt), prompt, cache=cache).hidden[:, -1]
+    hidden = model.forward_hidden(prompt, cache=cache).hidden[:, -1]
     t = prompt.positions.amax(dim=(0, 2)) + 1
     group = prompt.group_id.amax(dim=1) + 1
     done = torch.zeros(b, dtype=torch.bool, device=t.device)
@@ -200,6 +201,6 @@ def generate_text_after(
             break
         batch = _step_batch(Modality.TEXT, t[:, None], t[:, None], t[:, None], group[:, None])
         batch.input_ids = token[:, None]
-        hidden = model.backbone(model.embed(batch), batch, cache=cache).hidden[:, -1]
+        hidden = model.forward_hidden(batch, cache=cache).hidden[:, -1]
         t, group = t + 1, group + 1
     return out

@@ -71,7 +71,7 @@ def sequence_logprobs(
     enabled = torch.is_grad_enabled() if grad is None else grad
     scale = temperature if temperature > 0 else 1.0
     with torch.set_grad_enabled(enabled), gathered(model):
-        hidden = model.backbone(model.embed(batch), batch, routing=routing).hidden
+        hidden = model.forward_hidden(batch, routing=routing).hidden
         per_kind = {}
         for kind in ("text", "image"):
             if kind not in kinds:
@@ -166,7 +166,7 @@ def routing_agreement(model: UnifiedModel, rollouts: list[Rollout], replay: bool
     batch = _full_sequences(model, rollouts)
     recorded = _replay_routing(model, rollouts)
     with gathered(model):
-        out = model.backbone(model.embed(batch), batch, routing=recorded if replay else None)
+        out = model.forward_hidden(batch, routing=recorded if replay else None)
     same = [
         (chosen.sort(-1).values == recorded[layer].sort(-1).values).all(-1)
         for layer, chosen in out.routing.items()

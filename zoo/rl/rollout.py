@@ -434,7 +434,7 @@ class InferenceEngine:
         parts = [(r.rollout.prompt_document, r.rollout.prompt_ids, r.rollout.response_ids) for r in rows]
         batch = self.layout.batch(parts, left=True)
         cache = self.model.backbone.new_cache(len(rows), batch.seq_len)
-        out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
+        out = self.model.forward_hidden(batch, cache=cache)
         self.stats.prefill_tokens += sum(len(s) for s in seqs)
         if self.record_routing:
             offsets = [0]
@@ -459,7 +459,7 @@ class InferenceEngine:
         model = self.model
         batch = self.layout.batch([(None, r.rollout.prompt_ids, []) for r in rows], left=True)
         cache = model.backbone.new_cache(len(rows), batch.seq_len + extra)
-        out = model.backbone(model.embed(batch), batch, cache=cache)
+        out = model.forward_hidden(batch, cache=cache)
         self.stats.prefill_tokens += sum(len(r.rollout.prompt_ids) for r in rows)
         if self.record_routing:
             offsets = [0]
@@ -512,7 +512,7 @@ class InferenceEngine:
                 doc_id=torch.zeros_like(t[:, None]),
                 positions=t[None, :, None].expand(3, -1, -1),
             )
-            out = model.backbone(ncp.embed_codes(codes)[:, None], frame, cache=cache)
+            out = model.forward_hidden(frame, cache=cache, inputs=ncp.embed_codes(codes)[:, None])
             if self.record_routing:
                 for layer, chosen in out.routing.items():
                     for i in fed:
@@ -548,7 +548,7 @@ class InferenceEngine:
                 doc_id=torch.zeros_like(h),
                 positions=torch.stack([t0[:, None].expand_as(h), h, w]),
             )
-            out = model.backbone(x, step, cache=cache)
+            out = model.forward_hidden(step, cache=cache, inputs=x)
             if self.record_routing:
                 for layer, chosen in out.routing.items():
                     for i, row in enumerate(rows):
@@ -579,7 +579,7 @@ class InferenceEngine:
         t = torch.tensor([[r.next_t] for r in rows], device=self.device)
         group = torch.tensor([[r.next_group] for r in rows], device=self.device)
         batch = continuation_batch(ids, t, group)
-        out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
+        out = self.model.forward_hidden(batch, cache=cache)
         for row in rows:
             row.fed, row.next_t, row.next_group = row.fed + 1, row.next_t + 1, row.next_group + 1
         if self.record_routing:
