@@ -6,6 +6,7 @@ import torch
 
 from zoo.batch import PAD_DOC
 from zoo.models.kv_cache import KVCache
+from zoo.models.sampling import Sampler, entropy, log_probs
 
 
 def filled(rows: int, length: int, pad: list[int], fill: float) -> KVCache:
@@ -60,3 +61,25 @@ def test_cache_operations_refuse_what_they_cannot_do():
         cache.grow(0)
     with pytest.raises(ValueError, match="at least one cache"):
         KVCache.join([])
+
+
+def test_the_sampler_is_greedy_at_temperature_zero_and_scores_tokens_before_filtering():
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 0.0]])
+    assert Sampler(temperature=0.0).sample(logits).tolist() == [1, 0]
+    drawn = Sampler(temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(0)).sample(logits)
+    assert drawn.tolist() == [1, 0]  # top-1 leaves only the argmax
+    sampler = Sampler(temperature=0.5, top_p=0.5)
+    expected = (logits / 0.5).log_softmax(-1)[[0, 1], [2, 3]]  # the unfiltered tempered distribution
+    assert torch.allclose(sampler.logprob(logits, torch.tensor([2, 3])), expected)
+    assert torch.equal(Sampler(temperature=0.0).log_probs(logits), logits.log_softmax(-1))  # scored at T=1
+
+
+def test_entropy_counts_masked_ids_as_zero_and_bad_settings_are_refused():
+    logp = log_probs(torch.tensor([[0.0, 0.0, -torch.inf]]))
+    assert torch.allclose(entropy(logp), torch.tensor([torch.log(torch.tensor(2.0))]))
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        Sampler(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        Sampler(top_k=0)
+    with pytest.raises(ValueError, match=r"top_p must lie in \(0, 1\]"):
+        Sampler(top_p=1.5)

@@ -16,39 +16,10 @@ from zoo.batch import PAD_DOC, GroupBatch, Modality
 from zoo.models.backbone import AttentionContext
 from zoo.models.elastic import ElasticConfig
 from zoo.models.kv_cache import KVCache
+from zoo.models.sampling import sample
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
-
-
-def sample_next(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """`[B, V]` logits -> `[B]` ids. temperature 0 is greedy; top-k and nucleus (top-p) filtering."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the mass before it already reaches top_p (the first token always stays).
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
 def text_batch(ids: Tensor, doc_id: Tensor, index: Tensor) -> GroupBatch:
@@ -122,7 +93,7 @@ def generate_text(
     for _ in range(max_new_tokens):
         batch = text_batch(step_ids, step_doc, step_index)
         hidden = model.forward_hidden(batch, cache=cache, elastic=elastic).hidden
-        token = sample_next(model.sampling_logits(hidden[:, -1]), temperature, top_k, top_p, generator)
+        token = sample(model.sampling_logits(hidden[:, -1]), temperature, top_k, top_p, generator)
         for row in range(b):
             if not done[row]:
                 out[row].append(int(token[row]))

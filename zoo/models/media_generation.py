@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from zoo.batch import GroupBatch, Modality
-from zoo.models.generation import left_pad, sample_next, text_batch
+from zoo.models.generation import left_pad, text_batch
+from zoo.models.sampling import sample
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
@@ -125,7 +126,7 @@ def generate_visual(
             logits = nfsp.logits(hidden).float()
             if cfg_scale > 0:
                 logits = logits[b:] + cfg_scale * (logits[:b] - logits[b:])
-            token = sample_next(logits.flatten(0, 1), temperature, top_k, top_p, generator).view(-1, s, s)
+            token = sample(logits.flatten(0, 1), temperature, top_k, top_p, generator).view(-1, s, s)
             codes[k][:, f] = token.repeat(r // token.shape[0], 1, 1)
     return [c[:b] for c in codes]
 
@@ -192,7 +193,7 @@ def generate_text_after(
     done = torch.zeros(b, dtype=torch.bool, device=t.device)
     out: list[list[int]] = [[] for _ in range(b)]
     for _ in range(max_new_tokens):
-        token = sample_next(model.sampling_logits(hidden), temperature, top_k, top_p, generator)
+        token = sample(model.sampling_logits(hidden), temperature, top_k, top_p, generator)
         for row in range(b):
             if not done[row]:
                 out[row].append(int(token[row]))

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from zoo.batch import GroupBatch
+from zoo.models.sampling import chosen, entropy, log_probs
 from zoo.parallel import gathered
 from zoo.rl.prompts import (
     PromptLayout,
@@ -69,7 +70,6 @@ def sequence_logprobs(
         picked[kind][row, start : start + len(r.response_ids)] = True
         targets[kind] += [t - offset for t in r.response_ids] if kind == "image" else r.response_ids
     enabled = torch.is_grad_enabled() if grad is None else grad
-    scale = temperature if temperature > 0 else 1.0
     with torch.set_grad_enabled(enabled), gathered(model):
         hidden = model.forward_hidden(batch, routing=routing).hidden
         per_kind = {}
@@ -77,11 +77,11 @@ def sequence_logprobs(
             if kind not in kinds:
                 continue
             head = model.nfsp.logits if kind == "image" else model.text_head.logits
-            logp = (head(hidden[picked[kind]]).float() / scale).log_softmax(-1)
-            chosen = logp.gather(-1, torch.tensor(targets[kind], device=device)[:, None])[:, 0]
+            logp = log_probs(head(hidden[picked[kind]]), temperature)
+            picked_logp = chosen(logp, torch.tensor(targets[kind], device=device))
             sizes = [len(r.response_ids) for r, k in zip(rollouts, kinds, strict=True) if k == kind]
-            entropy = -(logp.exp() * logp).sum(-1) if with_entropy else chosen
-            per_kind[kind] = (iter(chosen.split(sizes)), iter(entropy.split(sizes)))
+            entropies = entropy(logp) if with_entropy else picked_logp
+            per_kind[kind] = (iter(picked_logp.split(sizes)), iter(entropies.split(sizes)))
         if "speech" in kinds:
             speech = [(row, r) for row, r in enumerate(rollouts) if kinds[row] == "speech"]
             per_kind["speech"] = _speech_logprobs(model, hidden, speech, temperature)

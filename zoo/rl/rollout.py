@@ -41,8 +41,8 @@ from torch import Tensor
 
 from zoo.batch import GroupBatch, Modality
 from zoo.datamodules.sequence import Document
-from zoo.models.generation import sample_next
 from zoo.models.kv_cache import KVCache
+from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import fp8_module_filter, is_sharded
 from zoo.rl.prompts import (
@@ -181,7 +181,7 @@ class InferenceEngine:
             linears and every routed expert rounded through float8_e4m3fn, one scale per tensor/expert;
             router gates, embeddings, norms and the output head stay float32, as in `zoo.parallel`).
         max_new_tokens: response budget per sequence (a rollout may carry a smaller one).
-        temperature, top_k, top_p: sampling (see `zoo.models.generation.sample_next`).
+        temperature, top_k, top_p: sampling (`zoo.models.sampling.Sampler`).
         record_routing: record the experts of every position (costs one extra forward per sequence for
             its last token).
         stop_ids: ids that end a response (kept in it); None = `<eos>`; () never stops.
@@ -225,7 +225,7 @@ class InferenceEngine:
         self._fp8 = self._fp8_weights() if precision == "fp8" else []
         self._cast()
         self.device = next(self.model.parameters()).device
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.sampler = Sampler(temperature, top_k, top_p, torch.Generator(self.device).manual_seed(seed))
         self.moe_layers = [i for i, block in enumerate(self.model.backbone.layers) if block.is_moe]
         self.version = 0
         self.stats = EngineStats()
@@ -380,6 +380,11 @@ class InferenceEngine:
         return [self._export(row) for row in self._active + self._waiting]
 
     @property
+    def generator(self) -> torch.Generator:
+        """The sampling generator (its state travels in RL checkpoints)."""
+        return self.sampler.generator
+
+    @property
     def pending(self) -> int:
         """Sequences queued or active, or completed by `sync` and not yet handed out by `step`."""
         return len(self._active) + len(self._waiting) + len(self._completed)
@@ -483,9 +488,7 @@ class InferenceEngine:
         n, eoa = len(rows), model.vocab.special("<eoa>")
         live = [True] * n
         for step in range(budget):
-            codes, ended, logprobs = ncp.sample_with_logprobs(
-                hidden, self.temperature, self.top_k, self.top_p, self.generator
-            )
+            codes, ended, logprobs = ncp.sample_frame(hidden, self.sampler)
             for i, row in enumerate(rows):
                 if not live[i]:
                     continue
@@ -554,9 +557,8 @@ class InferenceEngine:
                     for i, row in enumerate(rows):
                         row.routing[layer].append(chosen[i * side * side : (i + 1) * side * side])
             logits = nfsp.logits(out.hidden).float().flatten(0, 1)
-            tokens = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
-            scaled = logits / (self.temperature if self.temperature > 0 else 1.0)
-            logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].view(n, -1).tolist()
+            tokens = self.sampler.sample(logits)
+            logprobs = self.sampler.logprob(logits, tokens).view(n, -1).tolist()
             codes.append(tokens.view(n, 1, side, side))
             for row, values in zip(rows, logprobs, strict=True):
                 row.logprobs += values
@@ -593,9 +595,8 @@ class InferenceEngine:
         self.stats.row_steps += len(rows)
 
     def _sample(self, rows: list[_Row], logits: Tensor) -> None:
-        tokens = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
-        scaled = logits.float() / (self.temperature if self.temperature > 0 else 1.0)
-        logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].tolist()
+        tokens = self.sampler.sample(logits)
+        logprobs = self.sampler.logprob(logits, tokens).tolist()
         for row, token, logprob in zip(rows, tokens.tolist(), logprobs, strict=True):
             r = row.rollout
             r.response_ids.append(token)
