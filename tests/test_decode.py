@@ -4,9 +4,12 @@ steps and the loops over them."""
 import pytest
 import torch
 
-from zoo.batch import PAD_DOC
+from zoo.batch import PAD_DOC, scale_coordinates
+from zoo.models.decode import Recording, text_prompts
+from zoo.models.generation import collect, stream_text
 from zoo.models.kv_cache import KVCache
 from zoo.models.sampling import Sampler, entropy, log_probs
+from zoo.registry import create_model
 
 
 def filled(rows: int, length: int, pad: list[int], fill: float) -> KVCache:
@@ -83,3 +86,42 @@ def test_entropy_counts_masked_ids_as_zero_and_bad_settings_are_refused():
         Sampler(top_k=0)
     with pytest.raises(ValueError, match=r"top_p must lie in \(0, 1\]"):
         Sampler(top_p=1.5)
+
+
+def tiny_text_model():
+    torch.manual_seed(0)
+    shape = dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, expert_hidden=16, top_k=2)
+    return create_model("tiny", **shape, max_seq_len=64).eval()
+
+
+def test_every_scale_sits_at_the_centres_of_its_cells_on_the_finest_grid():
+    assert [scale_coordinates(side, 8) for side in (1, 2, 4)] == [[4], [2, 6], [1, 3, 5, 7]]
+    assert scale_coordinates(8, 8) == list(range(8))
+
+
+def test_the_token_stream_is_what_generation_collects_and_ends_when_every_row_has_stopped():
+    model = tiny_text_model()
+    prompts = [[1, 20, 21], [1, 30]]
+    greedy = model.generate(prompts, 6, temperature=0.0, stop_ids=())
+    stop = (greedy[0][1],)  # row 0 samples it at step 1
+    steps = list(stream_text(model, text_prompts(model, prompts), 6, Sampler(0.0), stop))
+    ids, live = [t.tolist() for t, _ in steps], [rows.tolist() for _, rows in steps]
+    assert ids == [list(column) for column in zip(*greedy, strict=True)][: len(steps)]
+    assert live[0] == live[1] == [True, True] and not any(rows[0] for rows in live[2:])
+    assert model.generate(prompts, 6, temperature=0.0, stop_ids=stop)[0] == greedy[0][:2]
+
+
+def test_a_recording_holds_the_logprob_of_every_sampled_token_and_the_routing_of_every_position_fed():
+    model = tiny_text_model()
+    prompts = [[1, 20, 21, 22], [1, 30]]
+    recording = Recording(2)
+    sampler = Sampler(temperature=0.7, generator=torch.Generator().manual_seed(0))
+    tokens = collect(stream_text(model, text_prompts(model, prompts), 5, sampler, (), recording=recording), 2)
+    for row, (prompt, response) in enumerate(zip(prompts, tokens, strict=True)):
+        batch = text_prompts(model, [prompt + response])
+        logits = model.sampling_logits(model.forward_hidden(batch).hidden[0])
+        teacher = log_probs(logits[len(prompt) - 1 : -1], 0.7)[range(len(response)), response]
+        assert torch.allclose(torch.tensor(recording.logprobs[row]), teacher, atol=1e-5)
+        # Every position fed: the prompt, and every response token but the last (never fed).
+        routing = recording.routing(row)
+        assert sorted(routing) == [1] and routing[1].shape == (len(prompt) + len(response) - 1, 2)

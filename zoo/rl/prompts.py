@@ -42,7 +42,7 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.models.generation import left_pad, text_batch
+from zoo.models.decode import left_pad, text_batch
 from zoo.models.nfsp import flatten_scales, unflatten_scales
 
 if TYPE_CHECKING:
@@ -187,25 +187,6 @@ def text_rows(seqs: list[list[int]], pad_id: int, left: bool, device: torch.devi
         doc[row, : len(seq)] = 0
     index = torch.arange(longest, device=device).expand(len(seqs), -1).contiguous()
     return text_batch(ids, doc, index)
-
-
-def continuation_batch(ids: Tensor, t: Tensor, group: Tensor) -> GroupBatch:
-    """One decode step of text: `[R, 1]` ids at time / group `[R, 1]` (each row's next after its last)."""
-    return GroupBatch(
-        input_ids=ids,
-        modality=torch.full_like(ids, int(Modality.TEXT)),
-        group_id=group,
-        doc_id=torch.zeros_like(ids),
-        positions=t.unsqueeze(0).expand(3, -1, -1),
-    )
-
-
-def next_positions(batch: GroupBatch) -> tuple[list[int], list[int]]:
-    """Per row of a prefill batch, the t and the group id of the position after its last."""
-    valid = batch.valid
-    t = torch.where(valid, batch.positions[0], -1).amax(-1) + 1
-    group = torch.where(valid, batch.group_id, -1).amax(-1) + 1
-    return t.tolist(), group.tolist()
 
 
 # ------------------------------------------------------------------------------------ checkpoints

@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from zoo.batch import GroupBatch, Modality
 from zoo.datamodules.sequence import Document
+from zoo.models.decode import Cursor, Recording, prefill, routing_per_row, text_step
 from zoo.models.kv_cache import KVCache
+from zoo.models.media_generation import draw_visual, speak
+from zoo.models.nfsp import flatten_scales
 from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import fp8_module_filter, is_sharded
@@ -50,9 +52,7 @@ from zoo.rl.prompts import (
     PromptLayout,
     asks_for_image,
     asks_for_speech,
-    continuation_batch,
     is_document,
-    next_positions,
     speech_ids,
 )
 
@@ -435,140 +435,73 @@ class InferenceEngine:
         rows = [r for r in rows if id(r) not in generated]
         if not rows:
             return completed
-        seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
         parts = [(r.rollout.prompt_document, r.rollout.prompt_ids, r.rollout.response_ids) for r in rows]
         batch = self.layout.batch(parts, left=True)
-        cache = self.model.backbone.new_cache(len(rows), batch.seq_len)
-        out = self.model.forward_hidden(batch, cache=cache)
-        self.stats.prefill_tokens += sum(len(s) for s in seqs)
+        out, cursor, cache = prefill(self.model, batch, extra=0)
+        self.stats.prefill_tokens += sum(self._length(r) for r in rows)
         if self.record_routing:
-            offsets = [0]
-            for s in seqs:
-                offsets.append(offsets[-1] + len(s))
-            for i, row in enumerate(rows):
-                start = offsets[i] + row.recorded  # positions recorded before an interruption are kept
-                for layer, chosen in out.routing.items():
-                    row.routing[layer].append(chosen[start : offsets[i + 1]])
-        next_t, next_group = next_positions(batch)
-        for row, length, t, group in zip(rows, (len(s) for s in seqs), next_t, next_group, strict=True):
+            for row, routing in zip(rows, routing_per_row(out, batch), strict=True):
+                kept = row.recorded  # positions recorded before an interruption are kept
+                for layer, chosen in routing.items():
+                    row.routing[layer].append(chosen[kept:])
+        for row, length, t, group in zip(rows, map(self._length, rows), *self._listed(cursor), strict=True):
             row.fed, row.next_t, row.next_group = length, t, group
         sample = [i for i, r in enumerate(rows) if not r.done]
         if sample:
-            self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
+            self._sample([rows[i] for i in sample], self.model.sampling_logits(out.hidden[sample, -1]))
         self._merge(rows, cache)
         return completed
 
-    def _prefill_media(self, rows: list[_Row], extra: int) -> tuple[Tensor, Tensor, Tensor, KVCache]:
-        """Prefill the text prompts of image / speech rows into a cache with `extra` more columns,
-        recording their routing; (last hidden `[R, D]`, next t `[R]`, next group `[R]`, cache)."""
-        model = self.model
-        batch = self.layout.batch([(None, r.rollout.prompt_ids, []) for r in rows], left=True)
-        cache = model.backbone.new_cache(len(rows), batch.seq_len + extra)
-        out = model.forward_hidden(batch, cache=cache)
-        self.stats.prefill_tokens += sum(len(r.rollout.prompt_ids) for r in rows)
-        if self.record_routing:
-            offsets = [0]
-            for r in rows:
-                offsets.append(offsets[-1] + len(r.rollout.prompt_ids))
-            for i, row in enumerate(rows):
-                for layer, chosen in out.routing.items():
-                    row.routing[layer].append(chosen[offsets[i] : offsets[i + 1]])
-        t, group = (torch.tensor(v, device=self.device) for v in next_positions(batch))
-        return out.hidden[:, -1], t, group, cache
+    @staticmethod
+    def _listed(cursor: Cursor) -> tuple[list[int], list[int]]:
+        return cursor.t.tolist(), cursor.group.tolist()
+
+    def _recorded(self, rows: list[_Row], recording: Recording) -> None:
+        """Hand what a media loop recorded to its rows."""
+        for i, row in enumerate(rows):
+            row.logprobs += recording.logprobs[i]
+            for layer, chosen in recording.routing(i).items():
+                row.routing[layer].append(chosen)
 
     def _generate_speech(self, rows: list[_Row]) -> list[Rollout]:
-        """NCP generation of one utterance per row, as `zoo.models.media_generation.generate_audio`: per
-        frame, the depth head samples the levels from the last state (level 1 may sample END), then the
-        frame is fed as one group. Every sampled frame is fed (its routing recorded), so a rollout cut by
-        its budget has a position per frame too. The response: the frames' unified audio ids, then
-        `<eoa>` when END was sampled."""
-        model, ncp = self.model, self.model.ncp
-        budget = max(r.budget for r in rows)
-        hidden, t, group, cache = self._prefill_media(rows, budget)
-        n, eoa = len(rows), model.vocab.special("<eoa>")
-        live = [True] * n
-        for step in range(budget):
-            codes, ended, logprobs = ncp.sample_frame(hidden, self.sampler)
-            for i, row in enumerate(rows):
-                if not live[i]:
-                    continue
-                r = row.rollout
-                if bool(ended[i]):
-                    r.response_ids.append(eoa)
-                    row.logprobs.append(float(logprobs[i, 0]))
-                    r.finished = row.done = True
-                    live[i] = False
-                    continue
-                r.response_ids += speech_ids(model, codes[i : i + 1])
-                row.logprobs += logprobs[i].tolist()
-                if step + 1 >= row.budget:
-                    r.truncated = row.done = True
-            fed = [i for i in range(n) if live[i]]
-            self.stats.steps += 1
-            self.stats.row_steps += len(fed)
-            if not fed:
-                break
-            frame = GroupBatch(
-                input_ids=torch.zeros_like(t[:, None]),
-                modality=torch.full_like(t[:, None], int(Modality.AUDIO)),
-                group_id=group[:, None],
-                doc_id=torch.zeros_like(t[:, None]),
-                positions=t[None, :, None].expand(3, -1, -1),
-            )
-            out = model.forward_hidden(frame, cache=cache, inputs=ncp.embed_codes(codes)[:, None])
-            if self.record_routing:
-                for layer, chosen in out.routing.items():
-                    for i in fed:
-                        rows[i].routing[layer].append(chosen[i : i + 1])
-            for i in fed:
-                if rows[i].done:  # its budget is spent: fed once for its routing, now complete
-                    live[i] = False
-            hidden, t, group = out.hidden[:, -1], t + 1, group + 1
+        """NCP generation of one utterance per row (`zoo.models.media_generation.speak`), every sampled
+        frame fed (its routing recorded), so a rollout cut by its budget has a position per frame too. The
+        response: the frames' unified audio ids, then `<eoa>` when END was sampled."""
+        model = self.model
+        recording = Recording(len(rows), self.record_routing)
+        prompts = [r.rollout.prompt_ids for r in rows]
+        budgets = [r.budget for r in rows]
+        frames, ended = speak(model, prompts, budgets, self.sampler, recording, feed_last=True)
+        self._recorded(rows, recording)
+        eoa = model.vocab.special("<eoa>")
+        for row, codes, end in zip(rows, frames, ended, strict=True):
+            r = row.rollout
+            r.response_ids = speech_ids(model, codes) + [eoa] * end
+            r.versions = [self.version] * len(r.response_ids)
+            r.finished, r.truncated, row.done = end, not end, True
+        self.stats.prefill_tokens += sum(len(p) for p in prompts)
+        self.stats.steps += max(len(f) + e for f, e in zip(frames, ended, strict=True))
+        self.stats.row_steps += sum(len(f) for f in frames)
         self.stats.tokens += sum(len(r.rollout.response_ids) for r in rows)
         return [self._export(row) for row in rows]
 
     def _generate_images(self, rows: list[_Row]) -> list[Rollout]:
-        """NFSP generation of one image per row, as `zoo.models.media_generation.generate_visual` (no
-        guidance): prefill, then per scale one backbone step whose s*s positions form one group on the
-        finest grid, their codes sampled at once. The response is the codes as unified visual ids."""
-        model, nfsp = self.model, self.model.nfsp
-        n, finest = len(rows), nfsp.scales[-1]
-        _, t0, group, cache = self._prefill_media(rows, nfsp.tokens_per_frame)
-        codes: list[Tensor] = []
-        for k, side in enumerate(nfsp.scales):
-            known = [*codes, torch.zeros(n, 1, side, side, dtype=torch.long, device=self.device)]
-            features = nfsp.tokenizer.scale_inputs(known)[k][:, 0].flatten(1, 2)
-            x = nfsp.embed_features(features, torch.full((n, side * side), k, device=self.device))
-            # Infinity's layout: cell i of a side-s grid sits at the centre of its cells on the finest grid.
-            cells = [(i * finest + finest // 2) // side for i in range(side)]
-            coords = torch.tensor(cells, device=self.device)
-            h = t0[:, None] + coords.repeat_interleave(side)[None]
-            w = t0[:, None] + coords.repeat(side)[None]
-            step = GroupBatch(
-                input_ids=torch.zeros_like(h),
-                modality=torch.full_like(h, int(Modality.IMAGE)),
-                group_id=(group + k)[:, None].expand_as(h),
-                doc_id=torch.zeros_like(h),
-                positions=torch.stack([t0[:, None].expand_as(h), h, w]),
-            )
-            out = model.forward_hidden(step, cache=cache, inputs=x)
-            if self.record_routing:
-                for layer, chosen in out.routing.items():
-                    for i, row in enumerate(rows):
-                        row.routing[layer].append(chosen[i * side * side : (i + 1) * side * side])
-            logits = nfsp.logits(out.hidden).float().flatten(0, 1)
-            tokens = self.sampler.sample(logits)
-            logprobs = self.sampler.logprob(logits, tokens).view(n, -1).tolist()
-            codes.append(tokens.view(n, 1, side, side))
-            for row, values in zip(rows, logprobs, strict=True):
-                row.logprobs += values
-            self.stats.steps += 1
-            self.stats.row_steps += n
-        ids = (torch.cat([c.flatten(1) for c in codes], dim=1) + model.vocab.visual_offset).tolist()
+        """NFSP generation of one image per row (`zoo.models.media_generation.draw_visual`, no guidance):
+        per scale one backbone step whose s*s positions form one group on the finest grid, their codes
+        sampled at once. The response is the codes as unified visual ids."""
+        model, nfsp, n = self.model, self.model.nfsp, len(rows)
+        recording = Recording(n, self.record_routing)
+        prompts = [r.rollout.prompt_ids for r in rows]
+        codes = draw_visual(model, prompts, 1, self.sampler, recording=recording)
+        self._recorded(rows, recording)
+        ids = (flatten_scales(codes) + model.vocab.visual_offset).tolist()
         for row, response in zip(rows, ids, strict=True):
             row.rollout.response_ids = response
             row.rollout.versions = [self.version] * len(response)
             row.rollout.finished = row.done = True
+        self.stats.prefill_tokens += sum(len(p) for p in prompts)
+        self.stats.steps += len(nfsp.scales)
+        self.stats.row_steps += n * len(nfsp.scales)
         self.stats.tokens += n * nfsp.tokens_per_frame
         return [self._export(row) for row in rows]
 
@@ -578,19 +511,17 @@ class InferenceEngine:
         if cache.length + 1 > cache.max_len:
             cache.grow(_CACHE_HEADROOM)
         ids = torch.tensor([[r.rollout.response_ids[-1]] for r in rows], device=self.device)
-        t = torch.tensor([[r.next_t] for r in rows], device=self.device)
-        group = torch.tensor([[r.next_group] for r in rows], device=self.device)
-        batch = continuation_batch(ids, t, group)
-        out = self.model.forward_hidden(batch, cache=cache)
+        cursor = Cursor.at([r.next_t for r in rows], [r.next_group for r in rows], self.device)
+        out, batch = text_step(self.model, cache, ids, cursor)
         for row in rows:
             row.fed, row.next_t, row.next_group = row.fed + 1, row.next_t + 1, row.next_group + 1
         if self.record_routing:
-            for layer, chosen in out.routing.items():
-                for i, row in enumerate(rows):
-                    row.routing[layer].append(chosen[i : i + 1])
+            for row, routing in zip(rows, routing_per_row(out, batch), strict=True):
+                for layer, chosen in routing.items():
+                    row.routing[layer].append(chosen)
         sample = [i for i, r in enumerate(rows) if not r.done] if sample else []
         if sample:
-            self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
+            self._sample([rows[i] for i in sample], self.model.sampling_logits(out.hidden[sample, -1]))
         self.stats.steps += 1
         self.stats.row_steps += len(rows)
 
