@@ -24,8 +24,8 @@ from zoo.models.nfsp import flatten_scales
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data_shapes import ShapesRLDataModule
 from zoo.rl.hints import HintController, HintSchedule
+from zoo.rl.records import Rollout
 from zoo.rl.rollout import InferenceEngine, routing_agreement, sequence_logprobs
-from zoo.rl.schedulers import _rollout_from_state, _rollout_state
 from zoo.rl.task import RLTask, RolloutConfig
 from zoo.rl.verifiers import verifier_for
 from zoo.tokenizers.audio import AudioCodec
@@ -196,8 +196,8 @@ def test_media_rollouts_round_trip_through_a_weights_only_checkpoint(warm, tmp_p
     engine.start([data.encode_prompt(q) for q in queries], queries)
     engine.step(4)
     partial = engine.interrupt()
-    torch.save([_rollout_state(r) for r in partial], tmp_path / "state.pt")
-    restored = [_rollout_from_state(s) for s in torch.load(tmp_path / "state.pt", weights_only=True)]
+    torch.save([r.to_state() for r in partial], tmp_path / "state.pt")
+    restored = [Rollout.from_state(s) for s in torch.load(tmp_path / "state.pt", weights_only=True)]
     for a, b in zip(partial, restored, strict=True):
         assert a.prompt_ids == b.prompt_ids and a.response_ids == b.response_ids
         assert torch.equal(a.prompt_document[1].codes, b.prompt_document[1].codes)

@@ -301,8 +301,8 @@ def test_every_rl_config_builds_an_rl_task_and_its_datamodule(path: Path, tmp_pa
 
 def correct_probability(model, data: RLDataModule, queries: list) -> float:
     """Mean exact probability of the reference answer + <eos> (what sampled accuracy estimates)."""
+    from zoo.rl.records import Rollout
     from zoo.rl.replay import sequence_logprobs
-    from zoo.rl.rollout import Rollout
 
     rollouts = [
         Rollout(q, data.base_prompt_ids(q), [*data.encode_text(q.answer), model.vocab.eos_id],

@@ -187,33 +187,3 @@ def text_rows(seqs: list[list[int]], pad_id: int, left: bool, device: torch.devi
         doc[row, : len(seq)] = 0
     index = torch.arange(longest, device=device).expand(len(seqs), -1).contiguous()
     return text_batch(ids, doc, index)
-
-
-# ------------------------------------------------------------------------------------ checkpoints
-
-
-def document_state(document: Document | None) -> list[dict] | None:
-    """A document as plain values and tensors (a `weights_only` load reads it)."""
-    if document is None:
-        return None
-    state = []
-    for s in document:
-        if isinstance(s, TextSegment):
-            state.append({"kind": "text", "ids": list(s.ids), "predict": s.predict})
-        elif isinstance(s, VisualSegment):
-            visual = {"pixels": s.pixels, "codes": s.codes, "video": s.video, "predict": s.predict}
-            state.append({"kind": "visual", **visual})
-        elif isinstance(s, AudioSegment):
-            state.append({"kind": "audio", "wave": s.wave, "codes": s.codes, "predict": s.predict})
-        elif isinstance(s, ContextSegment):
-            state.append({"kind": "context", "pixels": s.pixels})
-        else:
-            raise TypeError(f"unknown segment type {type(s).__name__}")
-    return state
-
-
-def document_from_state(state: list[dict] | None) -> Document | None:
-    if state is None:
-        return None
-    kinds = {"text": TextSegment, "visual": VisualSegment, "audio": AudioSegment, "context": ContextSegment}
-    return [kinds[item["kind"]](**{k: v for k, v in item.items() if k != "kind"}) for item in state]

@@ -28,7 +28,7 @@ from zoo.rl.prompts import (
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
-    from zoo.rl.rollout import Rollout
+    from zoo.rl.records import Rollout
 
 
 def sequence_logprobs(

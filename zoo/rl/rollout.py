@@ -55,53 +55,16 @@ from zoo.rl.prompts import (
     is_document,
     speech_ids,
 )
+from zoo.rl.records import Rollout
 
 if TYPE_CHECKING:
-    from zoo.rl.verifiers import Query
+    from zoo.rl.records import Query
 
 log = logging.getLogger(__name__)
 
 Precision = Literal["float32", "bfloat16", "fp8"]
 _CACHE_HEADROOM = 32  # columns added at a time when decoding outgrows the cache
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-@dataclass
-class Rollout:
-    """One sampled response and what the engine knew when it sampled it.
-
-    query: the task item. prompt_ids: unified ids fed before the response (any hint included; `hint_len`
-    of them are the hint); for a prompt with media, the laid-out ids of `prompt_document` (`pad_id` where
-    media sit). prompt_document: the prompt with media (as codes), None for a text prompt.
-    response_ids: the sampled tokens (a stop id, when one ended it, included).
-    inf_logprobs: `[len(response)]` float32 l_inf. routing: MoE layer -> `[len(prompt) + len(response),
-    top_k]` expert ids, the backbone's `routing` argument for a forward of this one sequence (also for a
-    partial rollout from `interrupt`). versions: the policy version that sampled each
-    response token. finished: a stop id ended it. truncated: its token budget ended it.
-    max_new_tokens: this rollout's own budget (None: the engine's). group: the scheduler's group index.
-    """
-
-    query: Query
-    prompt_ids: list[int]
-    response_ids: list[int]
-    inf_logprobs: Tensor
-    routing: dict[int, Tensor] | None
-    versions: list[int]
-    finished: bool
-    truncated: bool
-    reward: float | None = None
-    hint_len: int = 0
-    max_new_tokens: int | None = None
-    group: int = -1
-    prompt_document: Document | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.finished or self.truncated
-
-    @property
-    def min_version(self) -> int | None:
-        return min(self.versions) if self.versions else None
 
 
 @dataclass
@@ -584,7 +547,6 @@ from zoo.rl.replay import mismatch_kl, routing_agreement, sequence_logprobs  # n
 __all__ = [
     "EngineStats",
     "InferenceEngine",
-    "Rollout",
     "fp8_round_trip",
     "full_state_dict",
     "mismatch_kl",

@@ -67,8 +67,9 @@ from zoo.rl.prompts import (
     is_document,
     speech_codes,
 )
+from zoo.rl.records import Rollout
 from zoo.rl.replay import sequence_logprobs
-from zoo.rl.rollout import InferenceEngine, Precision, Rollout
+from zoo.rl.rollout import InferenceEngine, Precision
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.verifiers import VerifierPool, verifier_for
 from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
