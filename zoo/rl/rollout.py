@@ -42,20 +42,12 @@ from torch import Tensor
 from zoo.datamodules.sequence import Document
 from zoo.models.decode import Cursor, Recording, prefill, routing_per_row, text_step
 from zoo.models.kv_cache import KVCache
-from zoo.models.media_generation import draw_visual, speak
-from zoo.models.nfsp import flatten_scales
 from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import fp8_module_filter, is_sharded
-from zoo.rl.prompts import (
-    Prompt,
-    PromptLayout,
-    asks_for_image,
-    asks_for_speech,
-    is_document,
-    speech_ids,
-)
+from zoo.rl.prompts import Prompt, PromptLayout, is_document
 from zoo.rl.records import Rollout
+from zoo.rl.responses import RESPONSE_KINDS, ResponseKind, response_kind, rollout_batch
 
 if TYPE_CHECKING:
     from zoo.rl.records import Query
@@ -86,6 +78,7 @@ class _Row:
     at time `next_t` in group `next_group` (both equal `fed` for a text prompt)."""
 
     rollout: Rollout
+    kind: ResponseKind
     budget: int
     logprobs: list[float]
     routing: dict[int, list[Tensor]]
@@ -296,14 +289,10 @@ class InferenceEngine:
                     f"prompt of {len(r.prompt_ids)} tokens exceeds the context of "
                     f"{self.model.backbone.max_seq_len} (max_seq_len)"
                 )
-            budget = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+            tokens = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
             room = self.model.backbone.max_seq_len - len(r.prompt_ids)
-            budget = min(budget, room)
-            if asks_for_image(self.model, r.prompt_ids):  # an image is whole or nothing, whatever the budget
-                codes = self.model.nfsp.tokens_per_frame
-                budget = codes if room >= codes else 0
-            elif asks_for_speech(self.model, r.prompt_ids):  # a budget of frames (each Q codes)
-                budget = min(self.max_audio_frames, room)
+            kind = response_kind(self.model, r.prompt_ids)
+            budget = kind.budget(self.model, tokens, self.max_audio_frames, room)
             routing: dict[int, list[Tensor]] = {}
             if self.record_routing:
                 old = r.routing or {}
@@ -312,7 +301,7 @@ class InferenceEngine:
                     layer: [old[layer]] if layer in old and old[layer].shape[0] else []
                     for layer in self.moe_layers
                 }
-            row = _Row(r, budget, r.inf_logprobs.tolist(), routing)
+            row = _Row(r, kind, budget, r.inf_logprobs.tolist(), routing)
             if budget <= len(r.response_ids):
                 # The prompt leaves no room (or the budget is spent): say so, never drop it silently.
                 log.warning(
@@ -390,16 +379,16 @@ class InferenceEngine:
         """Prefill the queued rows that fit; returns the image rollouts, generated whole here."""
         free = len(self._waiting) if self.max_batch is None else self.max_batch - len(self._active)
         rows, self._waiting = self._waiting[: max(free, 0)], self._waiting[max(free, 0) :]
-        images = [r for r in rows if not r.done and asks_for_image(self.model, r.rollout.prompt_ids)]
-        speech = [r for r in rows if not r.done and asks_for_speech(self.model, r.rollout.prompt_ids)]
-        completed = self._generate_images(images) if images else []
-        completed += self._generate_speech(speech) if speech else []
-        generated = {id(r) for r in images + speech}
-        rows = [r for r in rows if id(r) not in generated]
+        completed, whole = [], [r for r in rows if r.kind.whole and not r.done]
+        for kind in RESPONSE_KINDS:  # media: generated whole here, never waiting in the batch
+            picked = [r for r in whole if r.kind is kind]
+            if picked:
+                completed += self._generate_whole(kind, picked)
+        rows = [r for r in rows if all(r is not w for w in whole)]
         if not rows:
             return completed
         parts = [(r.rollout.prompt_document, r.rollout.prompt_ids, r.rollout.response_ids) for r in rows]
-        batch = self.layout.batch(parts, left=True)
+        batch = rollout_batch(self.layout, parts, left=True)
         out, cursor, cache = prefill(self.model, batch, extra=0)
         self.stats.prefill_tokens += sum(self._length(r) for r in rows)
         if self.record_routing:
@@ -419,53 +408,24 @@ class InferenceEngine:
     def _listed(cursor: Cursor) -> tuple[list[int], list[int]]:
         return cursor.t.tolist(), cursor.group.tolist()
 
-    def _recorded(self, rows: list[_Row], recording: Recording) -> None:
-        """Hand what a media loop recorded to its rows."""
+    def _generate_whole(self, kind: ResponseKind, rows: list[_Row]) -> list[Rollout]:
+        """A media kind's responses, generated whole (`ResponseKind.generate`), with l_inf and the routing
+        of every position."""
+        recording = Recording(len(rows), self.record_routing)
+        prompts = [r.rollout.prompt_ids for r in rows]
+        generated = kind.generate(self.model, prompts, [r.budget for r in rows], self.sampler, recording)
         for i, row in enumerate(rows):
+            r = row.rollout
+            r.response_ids = generated.responses[i]
+            r.versions = [self.version] * len(r.response_ids)
+            r.finished, r.truncated, row.done = generated.finished[i], not generated.finished[i], True
             row.logprobs += recording.logprobs[i]
             for layer, chosen in recording.routing(i).items():
                 row.routing[layer].append(chosen)
-
-    def _generate_speech(self, rows: list[_Row]) -> list[Rollout]:
-        """NCP generation of one utterance per row (`zoo.models.media_generation.speak`), every sampled
-        frame fed (its routing recorded), so a rollout cut by its budget has a position per frame too. The
-        response: the frames' unified audio ids, then `<eoa>` when END was sampled."""
-        model = self.model
-        recording = Recording(len(rows), self.record_routing)
-        prompts = [r.rollout.prompt_ids for r in rows]
-        budgets = [r.budget for r in rows]
-        frames, ended = speak(model, prompts, budgets, self.sampler, recording, feed_last=True)
-        self._recorded(rows, recording)
-        eoa = model.vocab.special("<eoa>")
-        for row, codes, end in zip(rows, frames, ended, strict=True):
-            r = row.rollout
-            r.response_ids = speech_ids(model, codes) + [eoa] * end
-            r.versions = [self.version] * len(r.response_ids)
-            r.finished, r.truncated, row.done = end, not end, True
         self.stats.prefill_tokens += sum(len(p) for p in prompts)
-        self.stats.steps += max(len(f) + e for f, e in zip(frames, ended, strict=True))
-        self.stats.row_steps += sum(len(f) for f in frames)
-        self.stats.tokens += sum(len(r.rollout.response_ids) for r in rows)
-        return [self._export(row) for row in rows]
-
-    def _generate_images(self, rows: list[_Row]) -> list[Rollout]:
-        """NFSP generation of one image per row (`zoo.models.media_generation.draw_visual`, no guidance):
-        per scale one backbone step whose s*s positions form one group on the finest grid, their codes
-        sampled at once. The response is the codes as unified visual ids."""
-        model, nfsp, n = self.model, self.model.nfsp, len(rows)
-        recording = Recording(n, self.record_routing)
-        prompts = [r.rollout.prompt_ids for r in rows]
-        codes = draw_visual(model, prompts, 1, self.sampler, recording=recording)
-        self._recorded(rows, recording)
-        ids = (flatten_scales(codes) + model.vocab.visual_offset).tolist()
-        for row, response in zip(rows, ids, strict=True):
-            row.rollout.response_ids = response
-            row.rollout.versions = [self.version] * len(response)
-            row.rollout.finished = row.done = True
-        self.stats.prefill_tokens += sum(len(p) for p in prompts)
-        self.stats.steps += len(nfsp.scales)
-        self.stats.row_steps += n * len(nfsp.scales)
-        self.stats.tokens += n * nfsp.tokens_per_frame
+        self.stats.steps += generated.steps
+        self.stats.row_steps += generated.row_steps
+        self.stats.tokens += sum(len(response) for response in generated.responses)
         return [self._export(row) for row in rows]
 
     def _decode(self, sample: bool = True) -> None:

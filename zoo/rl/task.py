@@ -44,8 +44,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import save_config_hyperparameters
-from zoo.datamodules.sequence import TextSegment
-from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
+from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data import QueryDataModule
 from zoo.rl.hints import HintController, HintSchedule
@@ -58,17 +57,10 @@ from zoo.rl.losses import (
     policy_loss,
     wpsm_weights,
 )
-from zoo.rl.prompts import (
-    Prompt,
-    PromptLayout,
-    asks_for_image,
-    asks_for_speech,
-    image_codes,
-    is_document,
-    speech_codes,
-)
+from zoo.rl.prompts import Prompt, is_document
 from zoo.rl.records import Rollout
 from zoo.rl.replay import sequence_logprobs
+from zoo.rl.responses import RESPONSE_KINDS, TEXT, response_kind
 from zoo.rl.rollout import InferenceEngine, Precision
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.verifiers import VerifierPool, verifier_for
@@ -302,32 +294,8 @@ class RLTask(L.LightningModule):
         """The scheduler's `on_complete`: queue the verifier call of a rollout the engine just finished."""
         source = self.source
         rollout.hint_len = len(rollout.prompt_ids) - self._base_length(rollout.query)
-        if asks_for_image(self.model, rollout.prompt_ids):
-            output = self._decode_image(rollout.response_ids)
-        elif asks_for_speech(self.model, rollout.prompt_ids):
-            output = self._decode_speech(rollout.response_ids)
-        else:
-            output = source.completion_text(rollout.prompt_ids, rollout.response_ids, rollout.hint_len)
+        output = response_kind(self.model, rollout.prompt_ids).verifier_input(self.model, rollout, source)
         self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, output)
-
-    @torch.no_grad()
-    def _decode_image(self, response_ids: list[int]) -> object:
-        """The pixels (float `[3, H, W]` numpy in [-1, 1]) of an image response; no codes (a prompt that
-        left no room) decode to a blank canvas, which shows no object."""
-        if not response_ids:
-            size = self.model.visual_tokenizer.image_size
-            return torch.full((3, size, size), -1.0).numpy()
-        codes = [c.to(self.device) for c in image_codes(self.model, response_ids)]
-        return self.model.nfsp.decode(codes)[0].float().cpu().numpy()
-
-    @torch.no_grad()
-    def _decode_speech(self, response_ids: list[int]) -> object:
-        """The waveform (float numpy) the codec decodes from a speech response's frames; no frames decode
-        to an empty waveform."""
-        frames, _ = speech_codes(self.model, response_ids)
-        if not len(frames):
-            return torch.zeros(0).numpy()
-        return self.model.ncp.decode(frames[None].to(self.device))[0].float().cpu().numpy()
 
     def _base_length(self, query: object) -> int:
         """Positions of the query's prompt without a hint, as the engine lays it out."""
@@ -586,38 +554,18 @@ def respond(
     """What verifiers read from `model` (not an engine) for each prompt: the completion text (`decode` of
     the response ids) of unified-id or media prompts, the pixels (float `[3, H, W]` numpy) of prompts that
     ask for an image (NFSP, no guidance), the waveform (float numpy) of prompts that ask for speech (NCP,
-    up to `max_audio_frames`). temperature 0 is greedy."""
-    device = next(model.parameters()).device
-    images = [not is_document(p) and asks_for_image(model, p) for p in prompts]
-    speech = [not is_document(p) and asks_for_speech(model, p) for p in prompts]
+    up to `max_audio_frames`). temperature 0 is greedy. Each kind generates its prompts together, media
+    kinds first (as the engine does)."""
+    sampler = Sampler(temperature, top_k, top_p, generator)
+    kinds = [response_kind(model, p) for p in prompts]
     outputs: list[object] = [None] * len(prompts)
-    spoken = [i for i, said in enumerate(speech) if said]
-    if spoken:
-        asked = [prompts[i] for i in spoken]
-        said = generate_audio(model, asked, max_audio_frames, temperature, top_k, top_p, generator)
-        for i, codes in zip(spoken, said, strict=True):
-            wave = model.ncp.decode(codes[None]) if len(codes) else torch.zeros(1, 0)
-            outputs[i] = wave[0].float().cpu().numpy()
-    text = [i for i, image in enumerate(images) if not image and not speech[i]]
-    if text:
-        asked = [prompts[i] for i in text]
-        if any(is_document(p) for p in asked):
-            documents = [p if is_document(p) else [TextSegment(p, predict=False)] for p in asked]
-            batch = PromptLayout(model).builder.collate_prompts(documents).to(device)
-            responses = generate_text_after(
-                model, batch, max_new_tokens, temperature, top_k, top_p, generator=generator
-            )
-        else:
-            responses = model.generate(asked, max_new_tokens, temperature, top_k, top_p, generator=generator)
-        for i, ids in zip(text, responses, strict=True):
-            outputs[i] = decode(ids)
-    drawn = [i for i, image in enumerate(images) if image]
-    if drawn:
-        asked = [prompts[i] for i in drawn]
-        codes = generate_visual(model, asked, 1, 0.0, temperature, top_k, top_p, generator)
-        pixels = model.nfsp.decode(codes).float().cpu().numpy()
-        for j, i in enumerate(drawn):
-            outputs[i] = pixels[j]
+    for kind in (*RESPONSE_KINDS, TEXT):
+        picked = [i for i, k in enumerate(kinds) if k is kind]
+        if picked:
+            asked = [prompts[i] for i in picked]
+            said = kind.respond(model, asked, decode, max_new_tokens, sampler, max_audio_frames)
+            for i, output in zip(picked, said, strict=True):
+                outputs[i] = output
     return outputs
 
 
