@@ -13,7 +13,7 @@ Generation goes group by group, as training laid the sequence out (DESIGN.md, "e
 A `Cursor` says where each row's next group goes; a `Recording` keeps, per row, what RL needs of a loop:
 the log-prob of every sampled decision and, per MoE layer, the experts of every position fed. The loops
 over these steps are `zoo.models.generation` (text, speculation) and `zoo.models.media_generation`
-(images, video, speech, text after media); the RL engine (`zoo.rl.engine`) schedules the same steps.
+(images, video, speech, text after media); the RL engine (`zoo.rl.rollout`) schedules the same steps.
 """
 
 from __future__ import annotations

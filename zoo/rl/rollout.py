@@ -1,40 +1,33 @@
-"""The rollout side of RL: an inference engine apart from the trained module, and router replay.
+"""The rollout side of RL: the inference engine, apart from the trained module (ERNIE 5.0 RL section).
 
-ERNIE 5.0 (RL section) generates with a separate inference engine whose numerics differ from the
-trainer's, so three log-probs exist per token (REFERENCES.md part B, section 2): the engine's l_inf,
-the trainer's at the old weights l_old and the trainer's now l. This file holds:
+The engine's numerics differ from the trainer's, so three log-probs exist per token (REFERENCES.md part B,
+section 2): the engine's l_inf, the trainer's at the old weights l_old and the trainer's now l.
 
-- `InferenceEngine`: its own copy of the weights (float32, bfloat16, or FP8 emulated by rounding every
-  FP8-eligible weight through float8_e4m3fn with one scale per tensor), synced after each update.
-  Generation is batched with the KV cache and *continuous*: `start`/`resume` queue sequences, `step`
-  advances every active one by a token, finished rows leave the batch and queued rows join it at once.
-  After `sync` in-flight rows are re-prefilled (prompt + partial response) under the new weights and
-  continue, each token recording the policy version that sampled it (slime/APRIL partial rollouts,
-  ERNIE U-RB). Per token it records l_inf and, per MoE layer, the chosen experts of every position.
-- `sequence_logprobs` (zoo/rl/replay.py, re-exported here): the trainer's log-probs of the response
-  tokens, optionally with Rollout Router Replay (R3).
+`InferenceEngine` schedules generation on its own copy of the weights (`zoo.rl.policy.PolicyCopy`: float32,
+bfloat16 or FP8-emulated, synced after each update). Generation is *continuous*: `start`/`resume` queue
+sequences, `step` advances every active one by a token (`zoo.models.decode.text_step` over one KV cache),
+finished rows leave the batch and queued rows join it at once (`KVCache.select` / `KVCache.join`). After
+`sync` in-flight rows are re-prefilled (prompt + partial response) under the new weights and continue,
+each token recording the policy version that sampled it (slime/APRIL partial rollouts, ERNIE U-RB). Per
+decision it records l_inf and, per MoE layer, the chosen experts of every position (router replay).
 
-A prompt is unified ids laid out as text, or a `Document` with media (image, clip or speech to caption):
-`zoo.rl.prompts` tokenizes its media once and lays rows out; the response continues it as text. A text
-prompt ending with `<boi>` asks for an image: the engine generates it by NFSP as the model was trained,
-one backbone step per scale with all of the scale's codes sampled at once, and records l_inf and the
-routing of every code; an image is complete the step it is admitted (it never waits in the batch). A
-prompt ending with `<boa>` asks for speech: NCP, one backbone step per frame with the depth head sampling
-the frame's levels, until level 1 samples END or `max_audio_frames`; also generated whole at admission.
+What a prompt asks for is its response kind's (`zoo.rl.responses`): text continues in the running batch;
+an image (NFSP, one step a scale) or speech (NCP, one step a frame, until END or `max_audio_frames`) is
+generated whole the step it is admitted, by the same loops as `zoo.models.media_generation`.
 
-l_inf is `log_softmax(logits / temperature)` of the sampled token: the engine's temperature-scaled
-distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 = greedy records
-temperature 1). `sequence_logprobs` takes the same temperature, so that l_old - l_inf is the
+l_inf is `log_softmax(logits / temperature)` of the sampled token (`zoo.models.sampling`): the engine's
+temperature-scaled distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 =
+greedy records temperature 1). The trainer's `sequence_logprobs` (zoo/rl/replay.py, re-exported here with
+the other names of the rollout contract) takes the same temperature, so that l_old - l_inf is the
 train/inference mismatch and nothing else.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -44,7 +37,7 @@ from zoo.models.decode import Cursor, Recording, prefill, routing_per_row, text_
 from zoo.models.kv_cache import KVCache
 from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
-from zoo.parallel import fp8_module_filter, is_sharded
+from zoo.rl.policy import PolicyCopy, Precision, fp8_round_trip, full_state_dict
 from zoo.rl.prompts import Prompt, PromptLayout, is_document
 from zoo.rl.records import Rollout
 from zoo.rl.responses import RESPONSE_KINDS, ResponseKind, response_kind, rollout_batch
@@ -54,9 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Precision = Literal["float32", "bfloat16", "fp8"]
 _CACHE_HEADROOM = 32  # columns added at a time when decoding outgrows the cache
-_FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
 @dataclass
@@ -92,41 +83,6 @@ class _Row:
         return sum(t.shape[0] for t in next(iter(self.routing.values()), []))
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """A plain state dict: FSDP2 DTensors gathered (every rank must call), wrapper prefixes removed
-    (activation checkpointing, torch.compile)."""
-    state = {}
-    for key, value in model.state_dict().items():
-        if hasattr(value, "full_tensor"):
-            value = value.full_tensor()
-        key = key.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-        state[key] = value.detach()
-    return state
-
-
-def _plain_copy(model: UnifiedModel) -> UnifiedModel:
-    """A float32 UnifiedModel with `model`'s weights and no FSDP / FP8 / checkpoint wrappers."""
-    wrapped = is_sharded(model) or any(
-        type(m).__name__ in ("Float8Linear", "CheckpointWrapper") for m in model.modules()
-    )
-    if not wrapped:
-        return copy.deepcopy(model).float()
-    from zoo.config import to_config
-    from zoo.hub import build_from_config
-
-    config = to_config(model)
-    config["class_path"] = "zoo.models.unified.UnifiedModel"  # FSDP2 renames the class
-    plain = build_from_config(config)
-    plain.load_state_dict(full_state_dict(model), strict=True)
-    return plain
-
-
-def fp8_round_trip(weight: Tensor) -> Tensor:
-    """`weight` quantised to float8_e4m3fn with one scale per tensor (amax -> 448) and back."""
-    scale = weight.abs().amax().float().clamp_min(1e-12) / _FP8_MAX
-    return ((weight.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(weight.dtype)
-
-
 class InferenceEngine:
     """Continuous-batching generation on a private copy of the policy (see the module docstring).
 
@@ -160,8 +116,6 @@ class InferenceEngine:
         seed: int = 0,
         max_audio_frames: int = 128,
     ) -> None:
-        if precision not in ("float32", "bfloat16", "fp8"):
-            raise ValueError(f"precision={precision!r}: expected 'float32', 'bfloat16' or 'fp8'")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
@@ -171,16 +125,13 @@ class InferenceEngine:
         if max_audio_frames < 1:
             raise ValueError(f"max_audio_frames must be >= 1, got {max_audio_frames}")
         self.max_audio_frames = max_audio_frames
-        self.precision = precision
+        self.policy = PolicyCopy(model, precision)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.top_k, self.top_p = top_k, top_p
         self.record_routing, self.max_batch = record_routing, max_batch
-        self.model = _plain_copy(model).eval().requires_grad_(False)
         self.layout = PromptLayout(self.model)
         self.stop_ids = (self.model.vocab.eos_id,) if stop_ids is None else tuple(stop_ids)
-        self._fp8 = self._fp8_weights() if precision == "fp8" else []
-        self._cast()
-        self.device = next(self.model.parameters()).device
+        self.device = self.policy.device
         self.sampler = Sampler(temperature, top_k, top_p, torch.Generator(self.device).manual_seed(seed))
         self.moe_layers = [i for i, block in enumerate(self.model.backbone.layers) if block.is_moe]
         self.version = 0
@@ -189,33 +140,6 @@ class InferenceEngine:
         self._waiting: list[_Row] = []
         self._cache: KVCache | None = None
         self._completed: list[Rollout] = []  # completed outside `step` (by `sync`), handed out by it
-
-    # ------------------------------------------------------------------------------------------ weights
-
-    def _fp8_weights(self) -> list[Tensor]:
-        admit = fp8_module_filter(self.model)
-        weights = [m.weight for name, m in self.model.named_modules() if admit(m, name)]
-        for block in self.model.backbone.layers:
-            if block.is_moe:
-                experts = block.ffn.experts
-                weights += [experts.w1, experts.w3, experts.w2]
-        return weights
-
-    @torch.no_grad()
-    def _cast(self) -> None:
-        if self.precision == "bfloat16":
-            # Parameters only: buffers (rotary frequencies, the aux-free expert bias) stay float32. The
-            # frozen media tokenizers stay float32 too: they are not the policy, and media prompts must
-            # become the codes the trainer sees (their quantisers are not written for bf16 either).
-            frozen = {id(p) for m in (self.model.visual_tokenizer, self.model.audio_codec) if m is not None
-                      for p in m.parameters()}  # fmt: skip
-            for p in self.model.parameters():
-                if id(p) not in frozen:
-                    p.data = p.data.to(torch.bfloat16)
-        elif self.precision == "fp8":
-            for w in self._fp8:
-                # Stacked experts get one scale each: a per-tensor scale over all of them is too coarse.
-                w.copy_(torch.stack([fp8_round_trip(e) for e in w]) if w.dim() == 3 else fp8_round_trip(w))
 
     @torch.no_grad()
     def sync(self, model: UnifiedModel, version: int) -> None:
@@ -231,13 +155,21 @@ class InferenceEngine:
             self._decode(sample=False)
             self._completed += self._retire()
             self.stats.busy_s += time.perf_counter() - begin
-        self.model.load_state_dict(full_state_dict(model), strict=True)
-        self._cast()
+        self.policy.sync(model)
         self.version = version
         if self._active:
             self.stats.reprefills += len(self._active)
             self._waiting = self._active + self._waiting
             self._active, self._cache = [], None
+
+    @property
+    def model(self) -> UnifiedModel:
+        """The engine's copy of the policy (`PolicyCopy`), in its precision."""
+        return self.policy.model
+
+    @property
+    def precision(self) -> Precision:
+        return self.policy.precision
 
     # ------------------------------------------------------------------------------------------ queueing
 

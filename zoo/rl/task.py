@@ -57,11 +57,12 @@ from zoo.rl.losses import (
     policy_loss,
     wpsm_weights,
 )
+from zoo.rl.policy import Precision
 from zoo.rl.prompts import Prompt, is_document
 from zoo.rl.records import Rollout
 from zoo.rl.replay import sequence_logprobs
 from zoo.rl.responses import RESPONSE_KINDS, TEXT, response_kind
-from zoo.rl.rollout import InferenceEngine, Precision
+from zoo.rl.rollout import InferenceEngine
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.verifiers import VerifierPool, verifier_for
 from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
