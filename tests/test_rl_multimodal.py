@@ -26,7 +26,9 @@ from zoo.rl.data_shapes import ShapesRLDataModule
 from zoo.rl.hints import HintController, HintSchedule
 from zoo.rl.records import Rollout
 from zoo.rl.rollout import InferenceEngine, routing_agreement, sequence_logprobs
+from zoo.rl.scoring import ScoringConfig
 from zoo.rl.task import RLTask, RolloutConfig
+from zoo.rl.update import OptimConfig, UpdateConfig
 from zoo.rl.verifiers import verifier_for
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer
@@ -286,7 +288,10 @@ def test_rl_steps_on_captions_and_images_train_and_validate_per_task(warm, tmp_p
     data = warm_data(model, warm, tasks=("image_to_text", "audio_to_text", "text_to_image", "text_to_audio"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rollout = RolloutConfig(max_new_tokens=24, max_audio_frames=16)
-    task = RLTask(model, rollout=rollout, batch_size=4, group_size=4, lr=1e-3, val_max_new_tokens=24)
+    task = RLTask(
+        model, rollout=rollout, update=UpdateConfig(batch_size=4, group_size=4), optim=OptimConfig(lr=1e-3),
+        scoring=ScoringConfig(val_max_new_tokens=24),
+    )  # fmt: skip
     logged: list[dict] = []
 
     class Record(L.Callback):
