@@ -44,9 +44,11 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
-        self._k = torch.zeros(shape, dtype=dtype, device=device)
-        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        # One buffer per layer, not one tensor stacked over layers: a layer writes and reads its own, and a
+        # compiled step never indexes a layer-stacked tensor (REFERENCES.md part D, section 1).
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self._doc_id = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self._group_id = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self._length = 0
@@ -59,19 +61,19 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self._k.shape[3]
+        return self._doc_id.shape[1]
 
     @property
     def rows(self) -> int:
-        return self._k.shape[1]
+        return self._doc_id.shape[0]
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._k.dtype
+        return self._k[0].dtype
 
     @property
     def device(self) -> torch.device:
-        return self._k.device
+        return self._doc_id.device
 
     @property
     def doc_id(self) -> Tensor:
@@ -100,9 +102,10 @@ class KVCache:
         """Write one layer's `[R, KVH, n, Dh]` keys and values from column `start`; returns that layer's keys
         and values of every position up to them (what the new positions attend over)."""
         end = start + k.shape[2]
-        self._k[layer, :, :, start:end] = k
-        self._v[layer, :, :, start:end] = v
-        return self._k[layer, :, :, :end], self._v[layer, :, :, :end]
+        keys, values = self._k[layer], self._v[layer]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        return keys[:, :, :end], values[:, :, :end]
 
     def truncate(self, length: int) -> None:
         """Forget the positions from `length` on (rejected speculative drafts)."""
@@ -115,10 +118,10 @@ class KVCache:
         """Make room for `extra` more positions per row."""
         if extra < 1:
             raise ValueError(f"grow needs extra >= 1 columns, got {extra}")
-        pad = list(self._k.shape)
-        pad[3] = extra
-        self._k = torch.cat([self._k, self._k.new_zeros(pad)], dim=3)
-        self._v = torch.cat([self._v, self._v.new_zeros(pad)], dim=3)
+        pad = list(self._k[0].shape)
+        pad[2] = extra
+        self._k = [torch.cat([k, k.new_zeros(pad)], dim=2) for k in self._k]
+        self._v = [torch.cat([v, v.new_zeros(pad)], dim=2) for v in self._v]
         rows = self._doc_id.shape[0]
         self._doc_id = torch.cat([self._doc_id, self._doc_id.new_full((rows, extra), PAD_DOC)], dim=1)
         self._group_id = torch.cat([self._group_id, self._group_id.new_zeros((rows, extra))], dim=1)
@@ -131,8 +134,8 @@ class KVCache:
         index = torch.tensor(list(rows), device=self.device)
         used = (self._doc_id[index, : self._length] != PAD_DOC).any(dim=0)
         first = int(used.int().argmax()) if bool(used.any()) else self._length
-        self._k = self._k[:, index, :, first:]
-        self._v = self._v[:, index, :, first:]
+        self._k = [k[index, :, first:] for k in self._k]
+        self._v = [v[index, :, first:] for v in self._v]
         self._doc_id, self._group_id = self._doc_id[index, first:], self._group_id[index, first:]
         self._length -= first
 
@@ -144,16 +147,17 @@ class KVCache:
             raise ValueError("join needs at least one cache")
         first = caches[0]
         length = max(c.length for c in caches)
-        n_layers, _, n_kv_heads, _, head_dim = first._k.shape
+        _, n_kv_heads, _, head_dim = first._k[0].shape
         rows = sum(c.rows for c in caches)
-        joined = cls(n_layers, rows, n_kv_heads, length + headroom, head_dim, first.dtype, first.device)
+        joined = cls(len(first._k), rows, n_kv_heads, length + headroom, head_dim, first.dtype, first.device)
         joined._doc_id.fill_(PAD_DOC)
         at = 0
         for cache in caches:
             n, span = cache.length, slice(at, at + cache.rows)
             cols = slice(length - n, length)
-            joined._k[:, span, :, cols] = cache._k[:, :, :, :n]
-            joined._v[:, span, :, cols] = cache._v[:, :, :, :n]
+            for layer in range(len(first._k)):
+                joined._k[layer][span, :, cols] = cache._k[layer][:, :, :n]
+                joined._v[layer][span, :, cols] = cache._v[layer][:, :, :n]
             joined._doc_id[span, cols] = cache._doc_id[:, :n]
             joined._group_id[span, cols] = cache._group_id[:, :n]
             at += cache.rows
