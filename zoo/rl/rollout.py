@@ -35,7 +35,7 @@ from torch import Tensor
 from zoo.datamodules.sequence import Document
 from zoo.models.decode import Cursor, Recording, prefill, routing_per_row, text_step
 from zoo.models.kv_cache import KVCache
-from zoo.models.sampling import Sampler
+from zoo.models.sampling import Sampler, check_sampling
 from zoo.models.unified import UnifiedModel
 from zoo.rl.policy import PolicyCopy, Precision, fp8_round_trip, full_state_dict
 from zoo.rl.prompts import Prompt, PromptLayout, is_document
@@ -118,16 +118,14 @@ class InferenceEngine:
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_sampling(temperature, top_k, top_p)
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
         if max_audio_frames < 1:
             raise ValueError(f"max_audio_frames must be >= 1, got {max_audio_frames}")
         self.max_audio_frames = max_audio_frames
         self.policy = PolicyCopy(model, precision)
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.top_k, self.top_p = top_k, top_p
+        self.max_new_tokens = max_new_tokens
         self.record_routing, self.max_batch = record_routing, max_batch
         self.layout = PromptLayout(self.model)
         self.stop_ids = (self.model.vocab.eos_id,) if stop_ids is None else tuple(stop_ids)
