@@ -232,19 +232,19 @@ def evaluate(
     model, data, queries: list, samples: int, max_new_tokens: int, temperature: float = 1.0
 ) -> dict[str, list[float]]:
     """Per prompt: greedy correct (0/1) and the mean correctness of `samples` samples at `temperature`."""
-    from zoo.rl.task import _safe_verify
+    from zoo.rl.scoring import safe_verify
 
     greedy, sampled = [], [[] for _ in queries]
     for start in range(0, len(queries), 128):
         batch = queries[start : start + 128]
         prompts = [data.base_prompt_ids(q) for q in batch]
         outs = model.generate(prompts, max_new_tokens, temperature=0.0)
-        greedy += [_safe_verify(q, data.decode(o)) >= 1.0 for q, o in zip(batch, outs, strict=True)]
+        greedy += [safe_verify(q, data.decode(o)) >= 1.0 for q, o in zip(batch, outs, strict=True)]
         for k in range(samples):
             generator = torch.Generator().manual_seed(1000 * k + start)
             outs = model.generate(prompts, max_new_tokens, temperature, generator=generator)
             for i, (q, o) in enumerate(zip(batch, outs, strict=True)):
-                sampled[start + i].append(_safe_verify(q, data.decode(o)) >= 1.0)
+                sampled[start + i].append(safe_verify(q, data.decode(o)) >= 1.0)
     return {"greedy": [float(g) for g in greedy], "sampled": [sum(s) / len(s) for s in sampled]}
 
 
@@ -253,7 +253,7 @@ def validation_accuracy(model, task: str, difficulties: tuple[int, ...], tokeniz
     """`val/accuracy` and `val/accuracy_sampled` as `RLTask.validation_step` measures them (the config's
     256 held-out queries in batches of 128, sampling seeded by the batch index): step 0 of the curves."""
     from zoo.rl.data import RLDataModule
-    from zoo.rl.task import _safe_verify
+    from zoo.rl.scoring import safe_verify
 
     data = RLDataModule(tasks=(task,), difficulties=difficulties, vocab=model.vocab, heldout_size=256)
     data.use_tokenizer(tokenizer)
@@ -267,7 +267,7 @@ def validation_accuracy(model, task: str, difficulties: tuple[int, ...], tokeniz
             ("sampled", model.generate(prompts, budget, 1.0, generator=generator)),
         ):
             hits[kind] += sum(
-                _safe_verify(q, data.decode(o)) >= 1.0 for q, o in zip(batch, outs, strict=True)
+                safe_verify(q, data.decode(o)) >= 1.0 for q, o in zip(batch, outs, strict=True)
             )
     return {k: round(v / len(queries), 4) for k, v in hits.items()}
 

@@ -115,19 +115,19 @@ def curves(out: Path, tasks: list[str]) -> dict[str, list[float]]:
 
 def score(model, data, queries: list, samples: int) -> dict[str, list[float]]:
     """Per query: the greedy reward and the mean reward of `samples` draws at temperature 1."""
-    from zoo.rl.task import _safe_verify, respond
+    from zoo.rl.scoring import respond, safe_verify
 
     greedy, sampled = [], []
     for start in range(0, len(queries), 64):
         chunk = queries[start : start + 64]
         prompts = [data.base_prompt(q) for q in chunk]
         outputs = respond(model, prompts, data.decode, 48, temperature=0.0)
-        greedy += [_safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)]
+        greedy += [safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)]
         draws = []
         for k in range(samples):
             generator = torch.Generator().manual_seed(1000 * start + k)
             outputs = respond(model, prompts, data.decode, 48, 1.0, generator=generator)
-            draws.append([_safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)])
+            draws.append([safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)])
         sampled += [sum(d[i] for d in draws) / samples for i in range(len(chunk))]
     return {"greedy": greedy, "sampled": sampled}
 

@@ -323,3 +323,22 @@ def test_bad_inputs_name_what_was_expected() -> None:
         moe(torch.randn(3, DIM), expert_mask=torch.zeros(N_EXPERTS, dtype=torch.bool))
     with pytest.raises(ValueError, match="score_func"):
         Router(DIM, 4, 1, score_func="relu")  # type: ignore[arg-type]
+
+
+def test_decoding_few_assignments_skips_the_sort_and_computes_exactly_what_the_sorted_path_does():
+    torch.manual_seed(0)
+    moe = MoEFeedForward(dim=32, n_experts=16, expert_hidden=8, top_k=3, n_shared_experts=1).eval()
+    x = torch.randn(4, 32)  # 12 assignments < 16 experts: the unsorted path
+    with torch.no_grad():
+        out = moe(x)
+        # The sorted path, step by step: sort assignments by expert, run them, add each token's slots.
+        routing = out.router
+        order = routing.indices.t().reshape(-1).argsort(stable=True)
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
+        rows = x.index_select(0, order.remainder(4))
+        weights = routing.weights.t().reshape(-1).index_select(0, order)
+        expert_rows = moe.experts(rows, routing.load.long(), weights).index_select(0, inverse).view(3, 4, 32)
+        expected = expert_rows[0] + expert_rows[1]
+        expected += expert_rows[2]
+        expected = expected + moe.shared(x)
+    assert torch.equal(out.out, expected)

@@ -24,9 +24,11 @@ from zoo.models.nfsp import flatten_scales
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data_shapes import ShapesRLDataModule
 from zoo.rl.hints import HintController, HintSchedule
+from zoo.rl.records import Rollout
 from zoo.rl.rollout import InferenceEngine, routing_agreement, sequence_logprobs
-from zoo.rl.schedulers import _rollout_from_state, _rollout_state
+from zoo.rl.scoring import ScoringConfig
 from zoo.rl.task import RLTask, RolloutConfig
+from zoo.rl.update import OptimConfig, UpdateConfig
 from zoo.rl.verifiers import verifier_for
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer
@@ -196,8 +198,8 @@ def test_media_rollouts_round_trip_through_a_weights_only_checkpoint(warm, tmp_p
     engine.start([data.encode_prompt(q) for q in queries], queries)
     engine.step(4)
     partial = engine.interrupt()
-    torch.save([_rollout_state(r) for r in partial], tmp_path / "state.pt")
-    restored = [_rollout_from_state(s) for s in torch.load(tmp_path / "state.pt", weights_only=True)]
+    torch.save([r.to_state() for r in partial], tmp_path / "state.pt")
+    restored = [Rollout.from_state(s) for s in torch.load(tmp_path / "state.pt", weights_only=True)]
     for a, b in zip(partial, restored, strict=True):
         assert a.prompt_ids == b.prompt_ids and a.response_ids == b.response_ids
         assert torch.equal(a.prompt_document[1].codes, b.prompt_document[1].codes)
@@ -286,7 +288,10 @@ def test_rl_steps_on_captions_and_images_train_and_validate_per_task(warm, tmp_p
     data = warm_data(model, warm, tasks=("image_to_text", "audio_to_text", "text_to_image", "text_to_audio"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rollout = RolloutConfig(max_new_tokens=24, max_audio_frames=16)
-    task = RLTask(model, rollout=rollout, batch_size=4, group_size=4, lr=1e-3, val_max_new_tokens=24)
+    task = RLTask(
+        model, rollout=rollout, update=UpdateConfig(batch_size=4, group_size=4), optim=OptimConfig(lr=1e-3),
+        scoring=ScoringConfig(val_max_new_tokens=24),
+    )  # fmt: skip
     logged: list[dict] = []
 
     class Record(L.Callback):

@@ -219,3 +219,20 @@ def test_engine_copies_and_syncs_a_model_converted_for_fp8_training_and_checkpoi
     assert torch.equal(engine.model.text_head.output.weight, model.text_head.output.weight)
     (r,) = engine.generate([[1, 5, 6]], [None])
     assert r.versions == [1] * 4 and sequence_logprobs(model, [r], replay=True)[0].shape == (4,)
+
+
+def test_an_engine_samples_only_ids_the_tokenizer_decodes_and_the_trainer_scores_them_alike():
+    from zoo.parallel import Parallelism, parallelize
+
+    model = small_model()
+    model.decode_text_with(20)  # a 20-id tokenizer: the vocabulary's other text ids decode to nothing
+    engine = InferenceEngine(model, max_new_tokens=8, temperature=1.5, stop_ids=(), seed=0)
+    rollouts = engine.generate(PROMPTS, [None] * 4)
+    assert all(t < model.vocab.text_offset + 20 for r in rollouts for t in r.response_ids)
+    with torch.no_grad():
+        logprobs, entropies = sequence_logprobs(model, rollouts, temperature=1.5, with_entropy=True)
+    assert max_gap(logprobs, [r.inf_logprobs for r in rollouts]) < 1e-4
+    assert all(bool(torch.isfinite(e).all()) for e in entropies)  # masked ids count as no probability
+    wrapped = parallelize(small_model(), Parallelism(fp8=True))
+    wrapped.decode_text_with(20)
+    assert InferenceEngine(wrapped, max_new_tokens=2).model.decodable_text_ids == 20  # rebuilt plain, kept

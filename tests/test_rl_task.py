@@ -16,8 +16,10 @@ from zoo.rl.data import QueryDataModule, RLDataModule
 from zoo.rl.hints import HintSchedule
 from zoo.rl.losses import PolicyLossConfig
 from zoo.rl.schedulers import SyncScheduler, URBScheduler
+from zoo.rl.scoring import ScoringConfig
 from zoo.rl.task import RLTask, RolloutConfig
 from zoo.rl.tasks_text import training_text
+from zoo.rl.update import OptimConfig, UpdateConfig
 from zoo.tokenizers.text import TextTokenizer
 
 TINY = dict(
@@ -104,10 +106,8 @@ def test_two_rl_steps_of_a_warm_started_tiny_model_change_its_weights(
         hints=HintSchedule(p_init=0.5, unit="characters", pass_samples=2)
         if scheduler == "urb"
         else HintSchedule(p_init=0.0),
-        batch_size=4,
-        group_size=8,
-        micro_batch_size=12,
-        lr=1e-3,
+        update=UpdateConfig(batch_size=4, group_size=8, micro_batch_size=12),
+        optim=OptimConfig(lr=1e-3),
     )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = fit(task, data, tmp_path, val_check_interval=2, check_val_every_n_epoch=None)
@@ -133,7 +133,10 @@ def test_steps_without_any_signal_leave_the_weights_unchanged_but_still_count(tm
     torch.manual_seed(0)
     model = create_model("tiny", **TINY)  # untrained: every answer wrong, every group's rewards equal
     data = make_data(model)
-    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=4), batch_size=2, group_size=4, lr=1e-2)
+    task = RLTask(
+        model, rollout=RolloutConfig(max_new_tokens=4), update=UpdateConfig(batch_size=2, group_size=4),
+        optim=OptimConfig(lr=1e-2),
+    )  # fmt: skip
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = fit(task, data, tmp_path, limit_val_batches=0)
     assert trainer.global_step == 2
@@ -145,7 +148,8 @@ def test_steps_without_any_signal_leave_the_weights_unchanged_but_still_count(tm
 def test_a_checkpoint_loads_weights_only_and_carries_the_rl_state(warm_state, tmp_path: Path):
     model = warm_model(warm_state)
     data = make_data(model)
-    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=4), batch_size=2, group_size=4)
+    update = UpdateConfig(batch_size=2, group_size=4)
+    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=4), update=update)
     trainer = fit(task, data, tmp_path, steps=1, limit_val_batches=0)
     path = tmp_path / "rl.ckpt"
     trainer.save_checkpoint(path)
@@ -168,7 +172,7 @@ def test_a_resumed_urb_run_continues_its_in_flight_rollouts_exactly_as_an_uninte
         data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
         task = RLTask(
             model, scheduler=URBScheduler(n_groups=2), rollout=RolloutConfig(max_new_tokens=6),
-            batch_size=2, group_size=4, lr=1e-3,
+            update=UpdateConfig(batch_size=2, group_size=4), optim=OptimConfig(lr=1e-3),
         )  # fmt: skip
         return task, data
 
@@ -198,7 +202,10 @@ def test_the_run_seed_changes_the_sampled_rollouts_and_the_same_seed_repeats_the
         model = warm_model(warm_state)
         data = make_data(model)
         data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
-        task = RLTask(model, rollout=RolloutConfig(max_new_tokens=6), batch_size=4, group_size=4, lr=1e-3)
+        task = RLTask(
+            model, rollout=RolloutConfig(max_new_tokens=6), update=UpdateConfig(batch_size=4, group_size=4),
+            optim=OptimConfig(lr=1e-3),
+        )  # fmt: skip
         fit(task, data, tmp_path / str(seed), steps=1, limit_val_batches=0)
         assert task.run_seed == seed
         return {k: v.clone() for k, v in model.state_dict().items()}
@@ -212,7 +219,8 @@ def test_each_rollout_is_scored_as_soon_as_the_engine_finishes_it(warm_state, tm
     model = warm_model(warm_state)
     data = make_data(model)
     data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
-    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=6), batch_size=4, group_size=4)
+    update = UpdateConfig(batch_size=4, group_size=4)
+    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=6), update=update)
     in_flight_at_submission = []
     submit = task._submit_for_scoring
 
@@ -225,7 +233,7 @@ def test_each_rollout_is_scored_as_soon_as_the_engine_finishes_it(warm_state, tm
     assert len(in_flight_at_submission) == 2 * 4 * 4  # every rollout once, none scored twice
     # Answers end at different lengths: early ones were handed to the verifiers while others generated.
     assert max(in_flight_at_submission) > 0
-    assert not task._tickets, "a submitted verifier call was never collected"
+    assert not task.scorer.in_flight, "a submitted verifier call was never collected"
     assert 0 <= float(trainer.callback_metrics["train/reward"]) <= 1
     assert "train/score_wait_s" in trainer.callback_metrics
 
@@ -268,8 +276,8 @@ def test_frozen_parameters_stay_fixed_under_rl_steps_while_the_others_move(warm_
     data = make_data(model)
     data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
     task = RLTask(
-        model, rollout=RolloutConfig(max_new_tokens=4), batch_size=4, group_size=8, lr=1e-3,
-        frozen=("text_embed", "text_head.output"),
+        model, rollout=RolloutConfig(max_new_tokens=4), update=UpdateConfig(batch_size=4, group_size=8),
+        optim=OptimConfig(lr=1e-3, frozen=("text_embed", "text_head.output")),
     )  # fmt: skip
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fit(task, data, tmp_path, steps=2, limit_val_batches=0)
@@ -283,11 +291,11 @@ def test_frozen_parameters_stay_fixed_under_rl_steps_while_the_others_move(warm_
 def test_bad_rl_arguments_are_refused_by_name():
     model = create_model("tiny", **TINY)
     with pytest.raises(ValueError, match="group_size"):
-        RLTask(model, group_size=0)
+        RLTask(model, update=UpdateConfig(group_size=0))
     with pytest.raises(ValueError, match="truncated"):
-        RLTask(model, truncated="drop")  # type: ignore[arg-type]
+        RLTask(model, scoring=ScoringConfig(truncated="drop"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="frozen: 'text_embedding'"):
-        RLTask(model, frozen=("text_embedding",))  # a prefix of no parameter name (text_embed is)
+        RLTask(model, optim=OptimConfig(frozen=("text_embedding",)))  # no parameter's prefix (text_embed is)
 
 
 @pytest.mark.parametrize("path", RL_CONFIGS, ids=lambda p: p.stem)
@@ -301,8 +309,8 @@ def test_every_rl_config_builds_an_rl_task_and_its_datamodule(path: Path, tmp_pa
 
 def correct_probability(model, data: RLDataModule, queries: list) -> float:
     """Mean exact probability of the reference answer + <eos> (what sampled accuracy estimates)."""
+    from zoo.rl.records import Rollout
     from zoo.rl.replay import sequence_logprobs
-    from zoo.rl.rollout import Rollout
 
     rollouts = [
         Rollout(q, data.base_prompt_ids(q), [*data.encode_text(q.answer), model.vocab.eos_id],
@@ -330,9 +338,25 @@ def test_rl_steps_raise_the_probability_of_correct_answers_and_the_permuted_cont
             model,
             loss=PolicyLossConfig(algorithm="gspo", icepop=False),
             rollout=RolloutConfig(max_new_tokens=4),
-            batch_size=4, group_size=8, lr=3e-3, permute_rewards=control,
+            update=UpdateConfig(batch_size=4, group_size=8, permute_rewards=control),
+            optim=OptimConfig(lr=3e-3),
         )  # fmt: skip
         fit(task, data, tmp_path, steps=6, limit_val_batches=0)
         gains[control] = correct_probability(model, data, data.train_queries()) - before
     assert gains[False] > 0.05, gains
     assert gains[False] > gains[True] + 0.05, gains
+
+
+def test_the_flat_arguments_of_an_older_rl_checkpoint_are_put_in_their_groups():
+    old = {
+        "model": {"class_path": "zoo.models.unified.UnifiedModel"}, "loss": {"algorithm": "grpo"},
+        "batch_size": 16, "lr": 2e-5, "frozen": ("text_embed",), "truncated": "mask", "init_from": None,
+    }  # fmt: skip
+    grouped = RLTask.grouped_arguments(old)
+    assert grouped == {
+        "model": old["model"], "loss": old["loss"], "init_from": None, "update": {"batch_size": 16},
+        "optim": {"lr": 2e-5, "frozen": ["text_embed"]}, "scoring": {"truncated": "mask"},
+    }  # fmt: skip
+    assert RLTask.grouped_arguments(grouped) == grouped
+    task = RLTask(create_model("tiny", **TINY), update=UpdateConfig(**grouped["update"]))
+    assert task.update_config.batch_size == 16

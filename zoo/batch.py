@@ -120,3 +120,9 @@ def group_attention_mask(
     k_index = torch.arange(lk, device=query_doc.device)
     itself = q_index[:, None] == k_index[None, :]
     return ((same_doc & earlier_group & real) | itself)[:, None]
+
+
+def scale_coordinates(side: int, finest: int) -> list[int]:
+    """Uni-RoPE h (or w) offsets of the cells of a `side x side` scale on the `finest x finest` grid: cell i
+    sits at the centre of the cells it covers there (Infinity's layout, so every scale shares one grid)."""
+    return [(i * finest + finest // 2) // side for i in range(side)]

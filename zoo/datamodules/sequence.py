@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from zoo.batch import IGNORE_INDEX, PAD_DOC, GroupBatch, Modality
+from zoo.batch import IGNORE_INDEX, PAD_DOC, GroupBatch, Modality, scale_coordinates
 from zoo.tokenizers.vocab import UnifiedVocab
 
 NO_SLOT = -1
@@ -271,8 +271,7 @@ class _RowWriter:
         t0 = self.t
         for frame in range(frames):
             for k, side in enumerate(layout.visual_scales):
-                # Infinity: coordinate i of an s-grid goes to the centre of its cell on the finest grid.
-                coords = [(i * finest + finest // 2) // side for i in range(side)]
+                coords = scale_coordinates(side, finest)
                 for r in range(side):
                     for c in range(side):
                         t, h, w = t0 + frame, t0 + coords[r], t0 + coords[c]

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from zoo.batch import GroupBatch, Modality, group_attention_mask
 from zoo.config import Configurable
 from zoo.models.elastic import ElasticConfig
+from zoo.models.kv_cache import KVCache
 from zoo.models.moe import ModalityPools, MoEFeedForward, RouterOutput, SwiGLU
 
 
@@ -72,36 +73,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-class KVCache:
-    """A preallocated key/value cache for every layer, plus the (doc, group) ids the mask needs.
-
-    `length` is how many positions are filled; `truncate` rolls back (speculative decoding).
-    """
-
-    def __init__(
-        self,
-        n_layers: int,
-        batch_size: int,
-        n_kv_heads: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> None:
-        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.doc_id = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
-        self.group_id = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
-        self.max_len = max_len
-        self.length = 0
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        self.length = length
-
-
 @dataclass
 class AttentionContext:
     """What every block of one forward pass shares: rotary tables, the mask, the cache window."""
@@ -138,10 +109,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
         if ctx.cache is not None:
-            end = ctx.start + length
-            ctx.cache.k[layer, :, :, ctx.start : end] = k
-            ctx.cache.v[layer, :, :, ctx.start : end] = v
-            k, v = ctx.cache.k[layer, :, :, :end], ctx.cache.v[layer, :, :, :end]
+            k, v = ctx.cache.store(layer, ctx.start, k, v)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=ctx.mask, enable_gqa=self.n_kv_heads != self.n_heads
         )
@@ -364,21 +332,15 @@ class UnifiedTransformer(Configurable, nn.Module):
         )
 
     def context(self, batch: GroupBatch, cache: KVCache | None = None) -> AttentionContext:
-        """Rotary tables and the group mask for this pass (written into `cache` when given)."""
+        """Rotary tables and the group mask for this pass (its positions appended to `cache` when given)."""
         cos, sin = self.rope(batch.positions)
         if cache is None:
             if batch.seq_len > self.max_seq_len:
                 raise ValueError(f"sequence of length {batch.seq_len} exceeds max_seq_len={self.max_seq_len}")
             return AttentionContext(cos, sin, batch.attention_mask())
-        start, end = cache.length, cache.length + batch.seq_len
-        if end > cache.max_len:
-            raise ValueError(
-                f"cache holds {cache.max_len} positions; {start} used + {batch.seq_len} new = {end}"
-            )
-        cache.doc_id[:, start:end] = batch.doc_id
-        cache.group_id[:, start:end] = batch.group_id
+        start = cache.extend(batch.doc_id, batch.group_id)
         mask = group_attention_mask(
-            batch.doc_id, batch.group_id, cache.doc_id[:, :end], cache.group_id[:, :end], query_offset=start
+            batch.doc_id, batch.group_id, cache.doc_id, cache.group_id, query_offset=start
         )
         return AttentionContext(cos, sin, mask, cache, start)
 
@@ -410,8 +372,6 @@ class UnifiedTransformer(Configurable, nn.Module):
             x, r = self.layers[i](x, ctx, i, valid, top_k, expert_mask, forced)
             if r is not None:
                 router.append((i, r))
-        if cache is not None:
-            cache.length = ctx.start + batch.seq_len
         return BackboneOutput(self.norm(x), router, ctx)
 
     def extract(self, config: ElasticConfig) -> UnifiedTransformer:

@@ -1,77 +1,29 @@
-"""Text generation with a preallocated KV cache, and speculative self-decoding with the MTP module as draft.
+"""Text generation: a token stream over `zoo.models.decode.text_step`, and speculative self-decoding with the
+MTP module as draft.
 
-Text is one token per group, so a decode step is one group: the new position sees its own group and
-every earlier one, which with a cache needs no recomputation. Prompts of different lengths are
-left-padded; padding has no document (`PAD_DOC`) so nothing attends to it.
+Text is one token per group, so a decode step is one group: the new position sees its own group and every
+earlier one, which with a cache needs no recomputation. Prompts of different lengths are left-padded;
+padding has no document (`PAD_DOC`) so nothing attends to it. `stream_text` yields every step's ids (the
+token iterator a server streams); `generate_text` and `zoo.models.media_generation.generate_text_after`
+collect it for prompts of unified ids and for prompt batches with media.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from zoo.batch import PAD_DOC, GroupBatch, Modality
-from zoo.models.backbone import AttentionContext, KVCache
+from zoo.batch import GroupBatch
+from zoo.models.decode import Cursor, Recording, mtp_draft_step, text_prompts, text_step
 from zoo.models.elastic import ElasticConfig
+from zoo.models.kv_cache import KVCache
+from zoo.models.sampling import Sampler
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
-
-
-def sample_next(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """`[B, V]` logits -> `[B]` ids. temperature 0 is greedy; top-k and nucleus (top-p) filtering."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the mass before it already reaches top_p (the first token always stays).
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
-
-
-def text_batch(ids: Tensor, doc_id: Tensor, index: Tensor) -> GroupBatch:
-    """A text-only GroupBatch: one group per token, t = h = w = the token's index in its document."""
-    modality = torch.where(doc_id == PAD_DOC, int(Modality.PAD), int(Modality.TEXT))
-    return GroupBatch(
-        input_ids=ids,
-        modality=modality,
-        group_id=index,
-        doc_id=doc_id,
-        positions=index.unsqueeze(0).expand(3, -1, -1),
-    )
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """ids, doc_id, index `[B, Lmax]` for left-padded prompts."""
-    longest = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long, device=device)
-    doc = torch.full_like(ids, PAD_DOC)
-    for row, prompt in enumerate(prompts):
-        ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
-        doc[row, longest - len(prompt) :] = 0
-    index = ((doc != PAD_DOC).cumsum(-1) - 1).clamp_min(0)
-    return ids, doc, index
 
 
 def check_prompts(model: UnifiedModel, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -92,6 +44,48 @@ def check_prompts(model: UnifiedModel, prompts: list[list[int]], max_new_tokens:
 
 
 @torch.no_grad()
+def stream_text(
+    model: UnifiedModel,
+    prompt: GroupBatch,
+    max_new_tokens: int,
+    sampler: Sampler,
+    stop_ids: tuple[int, ...],
+    elastic: ElasticConfig | None = None,
+    use_cache: bool = True,
+    recording: Recording | None = None,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Continue a left-padded prompt batch (any groups) with text, one token a row per step.
+
+    Yields per step the sampled ids `[B]` and `[B]` bool: which rows they belong to (False for a row that
+    sampled a stop id before: its id is padding). Ends after every row has sampled a stop id (kept), or
+    after `max_new_tokens` steps. Text comes from `model.sampling_logits`. With `use_cache=False` every
+    step recomputes the whole sequence (text prompts only): the reference the cache must match.
+    """
+    device = prompt.input_ids.device
+    stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    cache = None
+    if use_cache:
+        cache = model.backbone.new_cache(prompt.batch_size, prompt.seq_len + max_new_tokens)
+    out = model.forward_hidden(prompt, cache=cache, elastic=elastic)
+    if recording is not None:
+        recording.fed(out, prompt)
+    cursor, sequence = Cursor.after(prompt), prompt
+    live = torch.ones(prompt.batch_size, dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        logits = model.sampling_logits(out.hidden[:, -1])
+        token = sampler.sample(logits)
+        if recording is not None:
+            rows = live.nonzero()[:, 0]
+            recording.sampled(rows.tolist(), sampler.logprob(logits[rows], token[rows])[:, None])
+        yield token, live
+        live = live & ~torch.isin(token, stop)
+        if not bool(live.any()) or step + 1 == max_new_tokens:
+            return
+        out, sequence = text_step(model, cache, token[:, None], cursor, elastic, recording, before=sequence)
+        cursor = cursor.advance()
+
+
+@torch.no_grad()
 def generate_text(
     model: UnifiedModel,
     prompts: list[list[int]],
@@ -104,37 +98,24 @@ def generate_text(
     stop_ids: tuple[int, ...] | None = None,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Continue each prompt (unified ids) by up to `max_new_tokens`; a row stops after a stop id (kept).
-
-    With `use_cache=False` every step recomputes the whole sequence: the reference the cache must match.
-    """
+    """Continue each prompt (unified ids) by up to `max_new_tokens`; a row stops after a stop id (kept;
+    default `<eos>`, `()` never stops). With `use_cache=False` every step recomputes the whole sequence."""
     check_prompts(model, prompts, max_new_tokens)
+    sampler = Sampler(temperature, top_k, top_p, generator)
     stop_ids = (model.vocab.eos_id,) if stop_ids is None else stop_ids
-    device = next(model.parameters()).device
-    ids, doc, index = left_pad(prompts, model.vocab.pad_id, device)
-    b = ids.shape[0]
-    cache = model.backbone.new_cache(b, ids.shape[1] + max_new_tokens) if use_cache else None
-    stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    out: list[list[int]] = [[] for _ in range(b)]
-    step_ids, step_doc, step_index = ids, doc, index
-    for _ in range(max_new_tokens):
-        batch = text_batch(step_ids, step_doc, step_index)
-        hidden = model.backbone(model.embed(batch), batch, elastic=elastic, cache=cache).hidden
-        token = sample_next(model.sampling_logits(hidden[:, -1]), temperature, top_k, top_p, generator)
-        for row in range(b):
-            if not done[row]:
-                out[row].append(int(token[row]))
-        done |= torch.isin(token, stop)
-        if bool(done.all()):
-            break
-        next_index = step_index[:, -1:] + 1
-        if use_cache:
-            step_ids, step_doc, step_index = token[:, None], torch.zeros_like(token)[:, None], next_index
-        else:
-            step_ids = torch.cat([step_ids, token[:, None]], dim=1)
-            step_doc = torch.cat([step_doc, torch.zeros_like(token)[:, None]], dim=1)
-            step_index = torch.cat([step_index, next_index], dim=1)
+    stream = stream_text(
+        model, text_prompts(model, prompts), max_new_tokens, sampler, stop_ids, elastic, use_cache
+    )
+    return collect(stream, len(prompts))
+
+
+def collect(stream: Iterator[tuple[Tensor, Tensor]], rows: int) -> list[list[int]]:
+    """The ids of a `stream_text` stream, per row."""
+    out: list[list[int]] = [[] for _ in range(rows)]
+    for token, live in stream:
+        for row, (value, counts) in enumerate(zip(token.tolist(), live.tolist(), strict=True)):
+            if counts:
+                out[row].append(value)
     return out
 
 
@@ -152,28 +133,20 @@ def speculative_generate(
         raise ValueError("speculative decoding needs an MTP module (mtp_depth >= 1)")
     check_prompts(model, [prompt], max_new_tokens + 1)
     device = next(model.parameters()).device
-    backbone, mtp = model.backbone, model.text_head.mtp[0]
+    backbone = model.backbone
     max_len = len(prompt) + max_new_tokens + 2
     cache = backbone.new_cache(1, max_len)
-    mtp_cache = KVCache(1, 1, backbone.n_kv_heads, max_len, backbone.head_dim, cache.k.dtype, device)
+    mtp_cache = KVCache(1, 1, backbone.n_kv_heads, max_len, backbone.head_dim, cache.dtype, device)
     stops = set((model.vocab.eos_id,) if stop_ids is None else stop_ids)
 
     def run(ids: list[int], start: int) -> Tensor:
-        index = torch.arange(start, start + len(ids), device=device)[None]
-        batch = text_batch(torch.tensor([ids], device=device), torch.zeros_like(index), index)
-        return backbone(model.embed(batch), batch, cache=cache).hidden
+        at = Cursor.at([start], [start], device)
+        return text_step(model, cache, torch.tensor([ids], device=device), at)[0].hidden
 
     def draft(hidden: Tensor, next_ids: list[int], start: int) -> int:
         """Feed MTP positions start.. (each with its known next token); return the draft after the last."""
-        index = torch.arange(start, start + len(next_ids), device=device)[None]
-        batch = text_batch(torch.tensor([next_ids], device=device), torch.zeros_like(index), index)
-        ctx = backbone.context(batch, mtp_cache)
-        state = mtp(
-            hidden,
-            model.text_embed(batch.input_ids),
-            AttentionContext(ctx.cos, ctx.sin, ctx.mask, mtp_cache, ctx.start),
-        )
-        mtp_cache.length = ctx.start + len(next_ids)
+        ids = torch.tensor([next_ids], device=device)
+        state = mtp_draft_step(model, mtp_cache, hidden, ids, Cursor.at([start], [start], device))
         return int(model.sampling_logits(state[:, -1]).argmax(-1))
 
     hidden = run(prompt, 0)

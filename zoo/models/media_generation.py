@@ -1,14 +1,17 @@
-"""Generation of images, video and audio, and of text about media, with the KV cache (DESIGN.md, "backbone").
+"""Generation of images, video and audio, and of text about media: loops over `zoo.models.decode`'s steps.
 
-Generation goes group by group, as training laid the sequence out:
-- NFSP: one backbone step per scale of a frame; all s*s positions of the scale are sampled in parallel
-  from the head (top-k / top-p), optionally with classifier-free guidance
+Generation goes group by group, as training laid the sequence out (DESIGN.md, "backbone"):
+- NFSP (`draw_visual`): one backbone step per scale of a frame; all s*s positions of the scale are
+  sampled in parallel from the head (top-k / top-p), optionally with classifier-free guidance
   `logits = l_uncond + g * (l_cond - l_uncond)` against the caption-less prompt `<bos><boi>`.
   `raster=True` instead runs one position per step (the token-by-token baseline of `benchmarks/nfsp.py`).
-- NCP: one backbone step per codec frame; the depth head samples the frame's levels in order and stops
-  a row when level 1 samples END.
-- Text about media: the prompt batch (media groups included) is prefilled once, then text continues
-  one token per step.
+- NCP (`speak`): one backbone step per codec frame; the depth head samples the frame's levels in order
+  and stops a row when level 1 samples END.
+- Text about media (`generate_text_after`): the prompt batch (media groups included) is prefilled once,
+  then text continues one token per step (`zoo.models.generation.stream_text`).
+
+`generate_visual` and `generate_audio` are the loops with plain sampling arguments; the RL engine and RL
+validation call `draw_visual` and `speak` with their `Sampler` and, for rollouts, a `Recording`.
 """
 
 from __future__ import annotations
@@ -19,38 +22,19 @@ import torch
 from torch import Tensor
 
 from zoo.batch import GroupBatch, Modality
-from zoo.models.generation import left_pad, sample_next, text_batch
+from zoo.models.decode import (
+    Recording,
+    audio_frame_step,
+    guided_logits,
+    prefill,
+    text_prompts,
+    visual_scale_step,
+)
+from zoo.models.generation import collect, stream_text
+from zoo.models.sampling import Sampler
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
-
-
-def _device(model: UnifiedModel) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _step_batch(modality: Modality, t: Tensor, h: Tensor, w: Tensor, group: Tensor) -> GroupBatch:
-    """A decode step of `[R, n]` new positions of one document per row."""
-    return GroupBatch(
-        input_ids=torch.zeros_like(t),
-        modality=torch.full_like(t, int(modality)),
-        group_id=group,
-        doc_id=torch.zeros_like(t),
-        positions=torch.stack([t, h, w]),
-    )
-
-
-def _prefill(model: UnifiedModel, prompts: list[list[int]], extra: int) -> tuple[Tensor, Tensor, object]:
-    """Run text prompts through the backbone into a new cache; (last hidden [R, D], next index [R], cache)."""
-    device = _device(model)
-    ids, doc, index = left_pad(prompts, model.vocab.pad_id, device)
-    longest = ids.shape[1] + extra
-    if longest > model.backbone.max_seq_len:
-        raise ValueError(f"prompt ({ids.shape[1]}) + generated positions ({extra}) exceed max_seq_len")
-    cache = model.backbone.new_cache(len(prompts), longest)
-    batch = text_batch(ids, doc, index)
-    hidden = model.backbone(model.embed(batch), batch, cache=cache).hidden
-    return hidden[:, -1], index[:, -1] + 1, cache
 
 
 def _check_prompt_ends(model: UnifiedModel, prompts: list[list[int]], allowed: tuple[str, ...]) -> None:
@@ -62,6 +46,51 @@ def _check_prompt_ends(model: UnifiedModel, prompts: list[list[int]], allowed: t
             opener = " or ".join(allowed)
             raise ValueError(f"prompt {i} must end with {opener} (the token that opens the media)")
         model.vocab.check_ids(torch.tensor(prompt), range(0, model.vocab.text_head_size))
+
+
+@torch.no_grad()
+def draw_visual(
+    model: UnifiedModel,
+    prompts: list[list[int]],
+    frames: int,
+    sampler: Sampler,
+    guidance: float = 0.0,
+    raster: bool = False,
+    recording: Recording | None = None,
+) -> list[Tensor]:
+    """Codes per scale `[B, frames, s, s]` for prompts (unified ids) ending with `<boi>` (or `<bov>`).
+
+    frames: latent frames (1 for an image). guidance: the weight g (0 disables guidance). recording: the
+    log-prob of every code (conditional rows) and the routing of every position fed (all rows).
+    """
+    nfsp = model.nfsp
+    if nfsp is None:
+        raise ValueError("this model has no visual tokenizer: it cannot generate images")
+    if frames < 1 or (frames > 1 and not nfsp.tokenizer.temporal):
+        raise ValueError(f"frames must be 1 for a 2D tokenizer (>= 1 with a 3D one), got {frames}")
+    if guidance < 0:
+        raise ValueError(f"cfg_scale must be >= 0, got {guidance}")
+    _check_prompt_ends(model, prompts, ("<boi>", "<bov>"))
+    b = len(prompts)
+    rows = list(prompts)
+    if guidance > 0:
+        rows += [[model.vocab.bos_id, p[-1]] for p in prompts]
+    _, cursor, cache = prefill(model, text_prompts(model, rows), frames * nfsp.tokens_per_frame, recording)
+    t0, group = cursor.t, cursor.group
+    codes = [torch.zeros(len(rows), frames, s, s, dtype=torch.long, device=t0.device) for s in nfsp.scales]
+    video = frames > 1 or prompts[0][-1] == model.vocab.special("<bov>")
+    modality = Modality.VIDEO if video else Modality.IMAGE
+    for f in range(frames):
+        for k, side in enumerate(nfsp.scales):
+            hidden = visual_scale_step(model, cache, codes, f, k, t0, group, modality, raster, recording)
+            group = group + (side * side if raster else 1)
+            logits = guided_logits(nfsp.logits(hidden).float(), guidance, b).flatten(0, 1)
+            token = sampler.sample(logits)
+            if recording is not None:
+                recording.sampled(range(b), sampler.logprob(logits, token).view(b, -1))
+            token = token.view(-1, side, side)
+            codes[k][:, f] = token.repeat(len(rows) // token.shape[0], 1, 1)
+    return [c[:b] for c in codes]
 
 
 @torch.no_grad()
@@ -80,54 +109,58 @@ def generate_visual(
 
     frames: latent frames (1 for an image). cfg_scale: guidance weight g (0 disables guidance).
     """
-    nfsp = model.nfsp
-    if nfsp is None:
-        raise ValueError("this model has no visual tokenizer: it cannot generate images")
-    if frames < 1 or (frames > 1 and not nfsp.tokenizer.temporal):
-        raise ValueError(f"frames must be 1 for a 2D tokenizer (>= 1 with a 3D one), got {frames}")
-    if cfg_scale < 0:
-        raise ValueError(f"cfg_scale must be >= 0, got {cfg_scale}")
-    _check_prompt_ends(model, prompts, ("<boi>", "<bov>"))
-    b = len(prompts)
-    rows = list(prompts)
-    if cfg_scale > 0:
-        rows += [[model.vocab.bos_id, p[-1]] for p in prompts]
-    scales = nfsp.scales
-    _, t0, cache = _prefill(model, rows, frames * nfsp.tokens_per_frame)
-    device = t0.device
-    r = len(rows)
-    codes = [torch.zeros(r, frames, s, s, dtype=torch.long, device=device) for s in scales]
-    group = t0.clone()  # text groups equal the token index, so the next free group is the next index
-    finest = scales[-1]
-    video = frames > 1 or prompts[0][-1] == model.vocab.special("<bov>")
-    modality = Modality.VIDEO if video else Modality.IMAGE
-    for f in range(frames):
-        for k, s in enumerate(scales):
-            known = codes[:k] + [torch.zeros_like(codes[k])]
-            features = nfsp.tokenizer.scale_inputs(known)[k][:, f].flatten(1, 2)  # [R, s*s, C]
-            x = nfsp.embed_features(features, torch.full((r, s * s), k, device=device))
-            coords = torch.tensor([(i * finest + finest // 2) // s for i in range(s)], device=device)
-            h = (t0[:, None] + coords.repeat_interleave(s)[None]).expand(r, -1)
-            w = (t0[:, None] + coords.repeat(s)[None]).expand(r, -1)
-            t = (t0 + f)[:, None].expand(r, s * s)
-            if raster:
-                steps = []
-                for j in range(s * s):
-                    one = slice(j, j + 1)
-                    batch = _step_batch(modality, t[:, one], h[:, one], w[:, one], group[:, None])
-                    steps.append(model.backbone(x[:, j : j + 1], batch, cache=cache).hidden)
-                    group = group + 1
-                hidden = torch.cat(steps, dim=1)
-            else:
-                batch = _step_batch(modality, t, h, w, group[:, None].expand(r, s * s))
-                hidden = model.backbone(x, batch, cache=cache).hidden
-                group = group + 1
-            logits = nfsp.logits(hidden).float()
-            if cfg_scale > 0:
-                logits = logits[b:] + cfg_scale * (logits[:b] - logits[b:])
-            token = sample_next(logits.flatten(0, 1), temperature, top_k, top_p, generator).view(-1, s, s)
-            codes[k][:, f] = token.repeat(r // token.shape[0], 1, 1)
-    return [c[:b] for c in codes]
+    sampler = Sampler(temperature, top_k, top_p, generator)
+    return draw_visual(model, prompts, frames, sampler, cfg_scale, raster)
+
+
+@torch.no_grad()
+def speak(
+    model: UnifiedModel,
+    prompts: list[list[int]],
+    max_frames: list[int],
+    sampler: Sampler,
+    recording: Recording | None = None,
+    feed_last: bool = False,
+) -> tuple[list[Tensor], list[bool]]:
+    """NCP: codec codes `[F_i, Q]` per prompt (unified ids ending with `<boa>`) and whether level 1 sampled
+    END, which stops row i (else `max_frames[i]` frames do).
+
+    Per step the depth head samples every row's frame from its last state (`NCP.sample_frame`), then the
+    frames are fed, one group each. feed_last: feed each row's last frame too, so that every frame has a
+    position (RL records its routing). recording: per row the log-probs of its decisions, Q a frame, then
+    END's; the routing of the positions fed for it.
+    """
+    ncp = model.ncp
+    if ncp is None:
+        raise ValueError("this model has no audio codec: it cannot generate audio")
+    if len(max_frames) != len(prompts) or min(max_frames, default=0) < 1:
+        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+    _check_prompt_ends(model, prompts, ("<boa>",))
+    out, cursor, cache = prefill(model, text_prompts(model, prompts), max(max_frames), recording)
+    hidden, b = out.hidden[:, -1], len(prompts)
+    frames: list[list[Tensor]] = [[] for _ in range(b)]
+    ended, live = [False] * b, [True] * b
+    for _ in range(max(max_frames)):
+        codes, end, logprobs = ncp.sample_frame(hidden, sampler)
+        stopped = [i for i, e in enumerate(end.tolist()) if e and live[i]]
+        spoken = [i for i in range(b) if live[i] and i not in stopped]
+        for i in stopped:  # END sampled: nothing more to feed for this row
+            ended[i], live[i] = True, False
+        for i in spoken:
+            frames[i].append(codes[i])
+        if recording is not None:
+            recording.sampled(stopped, logprobs[stopped, :1])
+            recording.sampled(spoken, logprobs[spoken])
+        fed = [i for i in spoken if feed_last or len(frames[i]) < max_frames[i]]
+        if not fed:
+            break
+        out = audio_frame_step(model, cache, codes, cursor, recording, fed)
+        for i in spoken:
+            live[i] = len(frames[i]) < max_frames[i]
+        hidden, cursor = out.hidden[:, -1], cursor.advance()
+    q, device = ncp.levels, cursor.t.device
+    codes = [torch.stack(f) if f else torch.zeros(0, q, dtype=torch.long, device=device) for f in frames]
+    return codes, ended
 
 
 @torch.no_grad()
@@ -141,29 +174,10 @@ def generate_audio(
     generator: torch.Generator | None = None,
 ) -> list[Tensor]:
     """Codec codes `[F_i, Q]` per prompt (unified ids ending with `<boa>`), stopping at END or max_frames."""
-    ncp = model.ncp
-    if ncp is None:
-        raise ValueError("this model has no audio codec: it cannot generate audio")
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
-    _check_prompt_ends(model, prompts, ("<boa>",))
-    hidden, t, cache = _prefill(model, prompts, max_frames)
-    b = len(prompts)
-    done = torch.zeros(b, dtype=torch.bool, device=t.device)
-    frames: list[list[Tensor]] = [[] for _ in range(b)]
-    for step in range(max_frames):
-        codes, ended = ncp.sample(hidden, temperature, top_k, top_p, generator)
-        done |= ended
-        for row in range(b):
-            if not done[row]:
-                frames[row].append(codes[row])
-        if bool(done.all()) or step + 1 == max_frames:
-            break
-        batch = _step_batch(Modality.AUDIO, t[:, None], t[:, None], t[:, None], t[:, None])
-        hidden = model.backbone(ncp.embed_codes(codes)[:, None], batch, cache=cache).hidden[:, -1]
-        t = t + 1
-    q = ncp.levels
-    return [torch.stack(f) if f else torch.zeros(0, q, dtype=torch.long, device=t.device) for f in frames]
+    sampler = Sampler(temperature, top_k, top_p, generator)
+    return speak(model, prompts, [max_frames] * len(prompts), sampler)[0]
 
 
 @torch.no_grad()
@@ -177,29 +191,13 @@ def generate_text_after(
     stop_ids: tuple[int, ...] | None = None,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Continue a left-padded prompt batch (any groups, e.g. `SequenceBuilder.collate_prompts`) with text."""
+    """Continue a left-padded prompt batch (any groups, e.g. `SequenceBuilder.collate_prompts`) with text;
+    a row stops after a stop id (kept; default, and for an empty tuple, `<eos>`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    stop = torch.tensor(stop_ids or (model.vocab.eos_id,), device=prompt.input_ids.device)
     b, length = prompt.input_ids.shape
     if length + max_new_tokens > model.backbone.max_seq_len:
         raise ValueError(f"prompt ({length}) + max_new_tokens ({max_new_tokens}) exceed max_seq_len")
-    cache = model.backbone.new_cache(b, length + max_new_tokens)
-    hidden = model.backbone(model.embed(prompt), prompt, cache=cache).hidden[:, -1]
-    t = prompt.positions.amax(dim=(0, 2)) + 1
-    group = prompt.group_id.amax(dim=1) + 1
-    done = torch.zeros(b, dtype=torch.bool, device=t.device)
-    out: list[list[int]] = [[] for _ in range(b)]
-    for _ in range(max_new_tokens):
-        token = sample_next(model.sampling_logits(hidden), temperature, top_k, top_p, generator)
-        for row in range(b):
-            if not done[row]:
-                out[row].append(int(token[row]))
-        done |= torch.isin(token, stop)
-        if bool(done.all()):
-            break
-        batch = _step_batch(Modality.TEXT, t[:, None], t[:, None], t[:, None], group[:, None])
-        batch.input_ids = token[:, None]
-        hidden = model.backbone(model.embed(batch), batch, cache=cache).hidden[:, -1]
-        t, group = t + 1, group + 1
-    return out
+    sampler = Sampler(temperature, top_k, top_p, generator)
+    stream = stream_text(model, prompt, max_new_tokens, sampler, stop_ids or (model.vocab.eos_id,))
+    return collect(stream, b)

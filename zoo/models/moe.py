@@ -509,6 +509,18 @@ class Experts(nn.Module):
         expert = torch.repeat_interleave(
             torch.arange(self.n_experts, device=x.device), counts, output_size=len(x)
         )
+        return self._gathered(x, expert, weights, w1, w3, w2)
+
+    def assigned(self, x: Tensor, expert: Tensor, weights: Tensor | None = None) -> Tensor:
+        """Rows x [M, D] in any order, each through its own `expert` [M] (few rows: the MoE layer's
+        unsorted decoding path), `weights` [M] scaling each row as in `forward`."""
+        w1, w3, w2 = (w.to(x.dtype) for w in (self.w1, self.w3, self.w2))
+        return self._gathered(x, expert, weights, w1, w3, w2)
+
+    @staticmethod
+    def _gathered(
+        x: Tensor, expert: Tensor, weights: Tensor | None, w1: Tensor, w3: Tensor, w2: Tensor
+    ) -> Tensor:
         rows = x.unsqueeze(1)
         h = F.silu(torch.bmm(rows, w1.index_select(0, expert))) * torch.bmm(rows, w3.index_select(0, expert))
         if weights is not None:
@@ -574,6 +586,11 @@ class MoEFeedForward(nn.Module):
         flat_x = x.reshape(-1, self.dim)
         routing = self.router(flat_x, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
         n_tokens, k = routing.indices.shape
+        if n_tokens * k < self.experts.n_experts:
+            out = self._few_assignments(flat_x, routing)
+            if self.shared is not None:
+                out = out + self.shared(flat_x)
+            return MoEOutput(out.view(x.shape), routing)
         # Assignments are numbered slot-major (j * N + n). The stable sort keeps each expert's rows in
         # a fixed order, so a masked model and its extract() feed every expert the same row blocks.
         order = routing.indices.t().reshape(-1).argsort(stable=True)
@@ -586,6 +603,20 @@ class MoEFeedForward(nn.Module):
         if self.shared is not None:
             out = out + self.shared(flat_x)
         return MoEOutput(out.view(x.shape), routing)
+
+    def _few_assignments(self, flat_x: Tensor, routing: RouterOutput) -> Tensor:
+        """Fewer assignments than experts (decoding): no sort, no dispatch and no inverse permutation.
+        Each assignment, slot-major as in the sorted path, multiplies its own expert's gathered weights,
+        and the k slots of a token are added in slot order: the sorted path's arithmetic, in fewer ops."""
+        n_tokens, k = routing.indices.shape
+        expert = routing.indices.t().reshape(-1)  # assignment j * N + n is token n's slot j
+        rows = flat_x if k == 1 else flat_x.repeat(k, 1)
+        out = self.experts.assigned(rows, expert, routing.weights.t().reshape(-1))
+        parts = out.view(k, n_tokens, self.dim)
+        combined = parts[0] if k == 1 else parts[0] + parts[1]
+        for j in range(2, k):
+            combined += parts[j]
+        return combined
 
     def extract(self, keep_experts: list[int], top_k: int | None = None) -> MoEFeedForward:
         """A new standalone layer holding only `keep_experts` (copied weights), for elastic width.

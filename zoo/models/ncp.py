@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.batch import GroupBatch
-from zoo.models.generation import sample_next
 from zoo.models.heads import HeadOutput
+from zoo.models.sampling import Sampler, entropy, log_probs
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.vocab import UnifiedVocab
 
@@ -178,30 +178,21 @@ class NCP(nn.Module):
         generator: torch.Generator | None = None,
     ) -> tuple[Tensor, Tensor]:
         """States `[B, D]` -> (codes `[B, Q]`, ended `[B]` bool), level by level through the depth head."""
-        codes, ended, _ = self.sample_with_logprobs(hidden, temperature, top_k, top_p, generator)
+        codes, ended, _ = self.sample_frame(hidden, Sampler(temperature, top_k, top_p, generator))
         return codes, ended
 
     @torch.no_grad()
-    def sample_with_logprobs(
-        self,
-        hidden: Tensor,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """As `sample`, plus `[B, Q]` log-probs of each sampled level under `log_softmax(logits /
-        temperature)` before top-k/top-p filtering (column 0: of END for a row that ended; the other
-        columns of such a row are meaningless)."""
+    def sample_frame(self, hidden: Tensor, sampler: Sampler) -> tuple[Tensor, Tensor, Tensor]:
+        """As `sample`, plus `[B, Q]` log-probs of each sampled level (`zoo.models.sampling`: before top-k /
+        top-p filtering); column 0 is END's for a row that ended, its other columns are meaningless."""
         b = hidden.shape[0]
         codes = torch.zeros(b, self.levels, dtype=torch.long, device=hidden.device)
         ended = torch.zeros(b, dtype=torch.bool, device=hidden.device)
         logprobs = torch.zeros(b, self.levels, device=hidden.device)
-        scale = temperature if temperature > 0 else 1.0
         for q in range(self.levels):
             logits = self._valid(self.depth_logits(hidden, codes)[q], q)
-            token = sample_next(logits, temperature, top_k, top_p, generator)
-            logprobs[:, q] = (logits / scale).log_softmax(-1).gather(-1, token[:, None])[:, 0]
+            token = sampler.sample(logits)
+            logprobs[:, q] = sampler.logprob(logits, token)
             if q == 0:
                 ended = token == self.end_id
                 token = token.masked_fill(ended, 0)
@@ -210,14 +201,13 @@ class NCP(nn.Module):
 
     def logprobs(self, hidden: Tensor, codes: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
         """Teacher-forced `[N, Q]` log-probs (and entropies) of `codes` `[N, Q]` from states `[N, D]`, as
-        `sample_with_logprobs` samples them; a row whose level-1 code is `end_id` scores END there."""
-        scale = temperature if temperature > 0 else 1.0
+        `sample_frame` scores them; a row whose level-1 code is `end_id` scores END there."""
         logits = self.depth_logits(hidden, codes.clamp_max(self.size - 1))
         logprobs, entropies = [], []
         for q in range(self.levels):
-            logp = (self._valid(logits[q], q) / scale).log_softmax(-1)
+            logp = log_probs(self._valid(logits[q], q), temperature)
             logprobs.append(logp.gather(-1, codes[:, q : q + 1])[:, 0])
-            entropies.append(-(logp.exp() * logp.clamp_min(-1e9)).sum(-1))
+            entropies.append(entropy(logp))
         return torch.stack(logprobs, 1), torch.stack(entropies, 1)
 
     @torch.no_grad()

@@ -21,6 +21,7 @@ from zoo.models.backbone import BackboneOutput, UnifiedTransformer
 from zoo.models.elastic import ElasticConfig
 from zoo.models.generation import generate_text
 from zoo.models.heads import HeadOutput, TextHead
+from zoo.models.kv_cache import KVCache
 from zoo.models.moe import SwiGLU
 from zoo.models.ncp import NCP
 from zoo.models.nfsp import NFSP, VisualCodes
@@ -187,6 +188,24 @@ class UnifiedModel(Configurable, nn.Module):
             x = x.masked_scatter(where[..., None], media.context[slot[where]].to(x.dtype))
         return x
 
+    def forward_hidden(
+        self,
+        batch: GroupBatch,
+        cache: KVCache | None = None,
+        elastic: ElasticConfig | None = None,
+        routing: dict[int, Tensor] | None = None,
+        inputs: Tensor | None = None,
+        media: MediaInputs | None = None,
+    ) -> BackboneOutput:
+        """The backbone's pass over `batch`: every caller's way in (training, prefill, decode steps, RL).
+
+        cache: append these positions to a KV cache (decoding). elastic: run a sub-model. routing: replay
+        recorded expert sets (RL router replay). inputs: `[B, L, D]` embeddings the caller made itself,
+        instead of `embed(batch, media)` (a decode step of visual or audio positions embeds its codes).
+        """
+        x = self.embed(batch, media) if inputs is None else inputs
+        return self.backbone(x, batch, elastic=elastic, cache=cache, routing=routing)
+
     def forward(
         self,
         batch: GroupBatch,
@@ -194,7 +213,7 @@ class UnifiedModel(Configurable, nn.Module):
         routing: dict[int, Tensor] | None = None,
     ) -> ModelOutput:
         media = self.encode_media(batch)
-        out = self.backbone(self.embed(batch, media), batch, elastic=elastic, routing=routing)
+        out = self.forward_hidden(batch, elastic=elastic, routing=routing, media=media)
         heads = {"text": self.text_head(out.hidden, batch, out.context, self.text_embed)}
         if media.visual is not None:
             heads["visual"] = self.nfsp(out.hidden, batch, media.visual)

@@ -1,9 +1,12 @@
 """Post-training with reinforcement learning on verifiable rewards (ERNIE 5.0 RL stage).
 
-`zoo.rl.losses` (GRPO / GSPO / IcePop / MISC / WPSM), `zoo.rl.hints` (AHRL), `zoo.rl.verifiers` (queries,
-verifiers, the worker pool), `zoo.rl.tasks_text`, `zoo.rl.rollout` (inference engine, router replay),
-`zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.prompts` (prompts with media), `zoo.rl.data` (text
-tasks), `zoo.rl.data_shapes` (image / speech / clip to caption) and `zoo.rl.task.RLTask`.
+`zoo.rl.losses` (GRPO / GSPO / IcePop / MISC / WPSM), `zoo.rl.hints` (AHRL), `zoo.rl.records` (queries and
+rollouts), `zoo.rl.verifiers` (verifiers, the worker pool), `zoo.rl.tasks_text`, `zoo.rl.prompts` (prompts
+with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.policy` (the engine's weights),
+`zoo.rl.rollout` (the inference engine), `zoo.rl.replay` (router replay, the trainer's log-probs),
+`zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.scoring` (rewards, validation), `zoo.rl.update` (the
+policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption) and
+`zoo.rl.task.RLTask`.
 
 Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
 for Lightning.
@@ -14,6 +17,9 @@ from importlib import import_module
 _EXPORTS = {
     "RLTask": "zoo.rl.task",
     "RolloutConfig": "zoo.rl.task",
+    "UpdateConfig": "zoo.rl.update",
+    "OptimConfig": "zoo.rl.update",
+    "ScoringConfig": "zoo.rl.scoring",
     "RLDataModule": "zoo.rl.data",
     "QueryDataModule": "zoo.rl.data",
     "ShapesRLDataModule": "zoo.rl.data_shapes",
@@ -23,7 +29,8 @@ _EXPORTS = {
     "group_advantages": "zoo.rl.losses",
     "HintSchedule": "zoo.rl.hints",
     "HintController": "zoo.rl.hints",
-    "Query": "zoo.rl.verifiers",
+    "Query": "zoo.rl.records",
+    "Rollout": "zoo.rl.records",
     "VerifierPool": "zoo.rl.verifiers",
     "TextTasks": "zoo.rl.tasks_text",
 }

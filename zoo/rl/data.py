@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader
 from zoo.batch import Modality
 from zoo.rl.hints import HintController
 from zoo.rl.prompts import Prompt
+from zoo.rl.records import Query
 from zoo.rl.tasks_text import TextTasks, training_text
-from zoo.rl.verifiers import Query
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 

@@ -28,7 +28,7 @@ from zoo.datamodules.sequence import MediaLayout, TextSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.rl.data import QueryDataModule
 from zoo.rl.prompts import Prompt, is_document
-from zoo.rl.verifiers import Query
+from zoo.rl.records import Query
 from zoo.tokenizers.vocab import UnifiedVocab
 
 # Task of the pretraining data -> the verifier task its queries carry.

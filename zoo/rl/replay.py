@@ -17,17 +17,12 @@ from torch import Tensor
 
 from zoo.batch import GroupBatch
 from zoo.parallel import gathered
-from zoo.rl.prompts import (
-    PromptLayout,
-    asks_for_image,
-    asks_for_speech,
-    response_positions,
-    speech_codes,
-)
+from zoo.rl.prompts import PromptLayout
+from zoo.rl.responses import Scored, response_kind, rollout_batch
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
-    from zoo.rl.rollout import Rollout
+    from zoo.rl.records import Rollout
 
 
 def sequence_logprobs(
@@ -38,13 +33,12 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> list[Tensor] | tuple[list[Tensor], list[Tensor]]:
-    """The trainer's log-probs of each rollout's response tokens (prompt and hint excluded).
+    """The trainer's log-probs of each rollout's response decisions (prompt and hint excluded).
 
-    Entry t of rollout i is log p(response[t] | prompt + response[:t]) under `log_softmax(logits /
-    temperature)`, aligned with `Rollout.inf_logprobs` (temperature 0 means 1, as in the engine). For an
-    image response (`zoo.rl.prompts.asks_for_image`) the NFSP head gives them instead: each code is
-    predicted at its own position, from the coarser scales and the prompt. For speech the NCP depth head
-    does: frame f's Q codes at the position before the frame, level by level, then END at the last one.
+    Entry t of rollout i is the log-prob of its decision t given the prompt and the decisions before it,
+    under `log_softmax(logits / temperature)` (`zoo.models.sampling`), aligned with `Rollout.inf_logprobs`
+    (temperature 0 means 1, as in the engine). Which head scores which position is the response kind's
+    (`zoo.rl.responses`): text tokens, image codes (NFSP), speech frames level by level and END (NCP).
     replay: Rollout Router Replay: every MoE layer uses the rollout's recorded expert sets while the gate
     weights over them come from the live router (`Router(forced_indices=...)`), so the router still
     learns. grad: None follows `torch.is_grad_enabled()`; False computes without a graph.
@@ -53,91 +47,38 @@ def sequence_logprobs(
     """
     if not rollouts:
         return ([], []) if with_entropy else []
-    device = next(model.parameters()).device
     batch = _full_sequences(model, rollouts)
     routing = _replay_routing(model, rollouts) if replay else None
-    # Text: position P-1+t predicts response token t. Image: code t sits (and is predicted) at P+t. Right
-    # padding keeps each row's predictors contiguous, so a row-major selection is rollout after rollout.
     kinds = [response_kind(model, r.prompt_ids) for r in rollouts]
-    picked = {kind: torch.zeros_like(batch.input_ids, dtype=torch.bool) for kind in ("text", "image")}
-    targets: dict[str, list[int]] = {"text": [], "image": []}
-    offset = model.vocab.visual_offset
-    for row, (r, kind) in enumerate(zip(rollouts, kinds, strict=True)):
-        if kind == "speech":
-            continue
-        start = len(r.prompt_ids) - (0 if kind == "image" else 1)
-        picked[kind][row, start : start + len(r.response_ids)] = True
-        targets[kind] += [t - offset for t in r.response_ids] if kind == "image" else r.response_ids
     enabled = torch.is_grad_enabled() if grad is None else grad
-    scale = temperature if temperature > 0 else 1.0
     with torch.set_grad_enabled(enabled), gathered(model):
-        hidden = model.backbone(model.embed(batch), batch, routing=routing).hidden
-        per_kind = {}
-        for kind in ("text", "image"):
-            if kind not in kinds:
-                continue
-            head = model.nfsp.logits if kind == "image" else model.text_head.logits
-            logp = (head(hidden[picked[kind]]).float() / scale).log_softmax(-1)
-            chosen = logp.gather(-1, torch.tensor(targets[kind], device=device)[:, None])[:, 0]
-            sizes = [len(r.response_ids) for r, k in zip(rollouts, kinds, strict=True) if k == kind]
-            entropy = -(logp.exp() * logp).sum(-1) if with_entropy else chosen
-            per_kind[kind] = (iter(chosen.split(sizes)), iter(entropy.split(sizes)))
-        if "speech" in kinds:
-            speech = [(row, r) for row, r in enumerate(rollouts) if kinds[row] == "speech"]
-            per_kind["speech"] = _speech_logprobs(model, hidden, speech, temperature)
-        logprobs = [next(per_kind[kind][0]) for kind in kinds]
+        hidden = model.forward_hidden(batch, routing=routing).hidden
+        scored: list[Scored | None] = [None] * len(rollouts)
+        for kind in dict.fromkeys(kinds):  # each kind present, once, scores all its rollouts together
+            rows = [(row, r) for row, (r, k) in enumerate(zip(rollouts, kinds, strict=True)) if k is kind]
+            scores = kind.logprobs(model, hidden, rows, temperature, with_entropy)
+            for (row, _), score in zip(rows, scores, strict=True):
+                scored[row] = score
+        logprobs = [score[0] for score in scored]
         if not with_entropy:
             return logprobs
-        return logprobs, [next(per_kind[kind][1]) for kind in kinds]
+        return logprobs, [score[1] for score in scored]
 
 
-def response_kind(model: UnifiedModel, prompt_ids: list[int]) -> str:
-    """"image", "speech" or "text": what the policy writes after this prompt."""
-    if asks_for_image(model, prompt_ids):
-        return "image"
-    return "speech" if asks_for_speech(model, prompt_ids) else "text"
-
-
-def _speech_logprobs(  # noqa: ANN202 (two iterators of tensors)
-    model: UnifiedModel, hidden: Tensor, rows: list[tuple[int, Rollout]], temperature: float
-):
-    """Per speech rollout (row of `hidden`, rollout): iterators over its decisions' log-probs and entropies,
-    frame by frame (Q levels each), then END. Frame f is decided at position P - 1 + f (`<boa>` for f = 0),
-    END at the last frame's position."""
-    ncp = model.ncp
-    states, codes, counts = [], [], []
-    for row, r in rows:
-        frames, ended = speech_codes(model, r.response_ids)
-        frames = frames.to(hidden.device)
-        if ended:
-            end = torch.zeros(1, ncp.levels, dtype=torch.long, device=hidden.device)
-            end[0, 0] = ncp.end_id
-            frames = torch.cat([frames, end])
-        start = len(r.prompt_ids) - 1
-        states.append(hidden[row, start : start + len(frames)])
-        codes.append(frames)
-        counts.append((len(frames) - ended, ended))
-    logp, entropy = ncp.logprobs(torch.cat(states), torch.cat(codes), temperature)
-    flat_logp, flat_entropy = [], []
-    at = 0
-    for frames, ended in counts:
-        span = slice(at, at + frames)
-        flat_logp.append(torch.cat([logp[span].flatten(), logp[at + frames :][:ended, 0]]))
-        flat_entropy.append(torch.cat([entropy[span].flatten(), entropy[at + frames :][:ended, 0]]))
-        at += frames + ended
-    return iter(flat_logp), iter(flat_entropy)
+def _positions(model: UnifiedModel, rollout: Rollout) -> int:
+    """Positions of prompt + response in the trainer's sequence."""
+    kind = response_kind(model, rollout.prompt_ids)
+    return len(rollout.prompt_ids) + kind.positions(model, rollout.response_ids)
 
 
 def _full_sequences(model: UnifiedModel, rollouts: list[Rollout]) -> GroupBatch:
     """prompt (text or a document with media) + response of each rollout, right-padded, one document a
-    row (`zoo.rl.prompts`)."""
-    longest = max(
-        len(r.prompt_ids) + response_positions(model, r.prompt_ids, r.response_ids) for r in rollouts
-    )
+    row (`zoo.rl.responses.rollout_batch`)."""
+    longest = max(_positions(model, r) for r in rollouts)
     if longest > model.backbone.max_seq_len:
         raise ValueError(f"a rollout of {longest} tokens exceeds max_seq_len={model.backbone.max_seq_len}")
     rows = [(r.prompt_document, r.prompt_ids, r.response_ids) for r in rollouts]
-    return PromptLayout(model).batch(rows, left=False)
+    return rollout_batch(PromptLayout(model), rows, left=False)
 
 
 def _replay_routing(model: UnifiedModel, rollouts: list[Rollout]) -> dict[int, Tensor]:
@@ -146,7 +87,7 @@ def _replay_routing(model: UnifiedModel, rollouts: list[Rollout]) -> dict[int, T
     device = next(model.parameters()).device
     layers = [i for i, block in enumerate(model.backbone.layers) if block.is_moe]
     for i, r in enumerate(rollouts):
-        positions = len(r.prompt_ids) + response_positions(model, r.prompt_ids, r.response_ids)
+        positions = _positions(model, r)
         if r.routing is None:
             raise ValueError(f"rollout {i} has no recorded routing: generate with record_routing=True")
         for layer in layers:
@@ -166,7 +107,7 @@ def routing_agreement(model: UnifiedModel, rollouts: list[Rollout], replay: bool
     batch = _full_sequences(model, rollouts)
     recorded = _replay_routing(model, rollouts)
     with gathered(model):
-        out = model.backbone(model.embed(batch), batch, routing=recorded if replay else None)
+        out = model.forward_hidden(batch, routing=recorded if replay else None)
     same = [
         (chosen.sort(-1).values == recorded[layer].sort(-1).values).all(-1)
         for layer, chosen in out.routing.items()

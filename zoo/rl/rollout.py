@@ -1,107 +1,53 @@
-"""The rollout side of RL: an inference engine apart from the trained module, and router replay.
+"""The rollout side of RL: the inference engine, apart from the trained module (ERNIE 5.0 RL section).
 
-ERNIE 5.0 (RL section) generates with a separate inference engine whose numerics differ from the
-trainer's, so three log-probs exist per token (REFERENCES.md part B, section 2): the engine's l_inf,
-the trainer's at the old weights l_old and the trainer's now l. This file holds:
+The engine's numerics differ from the trainer's, so three log-probs exist per token (REFERENCES.md part B,
+section 2): the engine's l_inf, the trainer's at the old weights l_old and the trainer's now l.
 
-- `InferenceEngine`: its own copy of the weights (float32, bfloat16, or FP8 emulated by rounding every
-  FP8-eligible weight through float8_e4m3fn with one scale per tensor), synced after each update.
-  Generation is batched with the KV cache and *continuous*: `start`/`resume` queue sequences, `step`
-  advances every active one by a token, finished rows leave the batch and queued rows join it at once.
-  After `sync` in-flight rows are re-prefilled (prompt + partial response) under the new weights and
-  continue, each token recording the policy version that sampled it (slime/APRIL partial rollouts,
-  ERNIE U-RB). Per token it records l_inf and, per MoE layer, the chosen experts of every position.
-- `sequence_logprobs` (zoo/rl/replay.py, re-exported here): the trainer's log-probs of the response
-  tokens, optionally with Rollout Router Replay (R3).
+`InferenceEngine` schedules generation on its own copy of the weights (`zoo.rl.policy.PolicyCopy`: float32,
+bfloat16 or FP8-emulated, synced after each update). Generation is *continuous*: `start`/`resume` queue
+sequences, `step` advances every active one by a token (`zoo.models.decode.text_step` over one KV cache),
+finished rows leave the batch and queued rows join it at once (`KVCache.select` / `KVCache.join`). After
+`sync` in-flight rows are re-prefilled (prompt + partial response) under the new weights and continue,
+each token recording the policy version that sampled it (slime/APRIL partial rollouts, ERNIE U-RB). Per
+decision it records l_inf and, per MoE layer, the chosen experts of every position (router replay).
 
-A prompt is unified ids laid out as text, or a `Document` with media (image, clip or speech to caption):
-`zoo.rl.prompts` tokenizes its media once and lays rows out; the response continues it as text. A text
-prompt ending with `<boi>` asks for an image: the engine generates it by NFSP as the model was trained,
-one backbone step per scale with all of the scale's codes sampled at once, and records l_inf and the
-routing of every code; an image is complete the step it is admitted (it never waits in the batch). A
-prompt ending with `<boa>` asks for speech: NCP, one backbone step per frame with the depth head sampling
-the frame's levels, until level 1 samples END or `max_audio_frames`; also generated whole at admission.
+What a prompt asks for is its response kind's (`zoo.rl.responses`): text continues in the running batch;
+an image (NFSP, one step a scale) or speech (NCP, one step a frame, until END or `max_audio_frames`) is
+generated whole the step it is admitted, by the same loops as `zoo.models.media_generation`.
 
-l_inf is `log_softmax(logits / temperature)` of the sampled token: the engine's temperature-scaled
-distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 = greedy records
-temperature 1). `sequence_logprobs` takes the same temperature, so that l_old - l_inf is the
+l_inf is `log_softmax(logits / temperature)` of the sampled token (`zoo.models.sampling`): the engine's
+temperature-scaled distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 =
+greedy records temperature 1). The trainer's `sequence_logprobs` (zoo/rl/replay.py, re-exported here with
+the other names of the rollout contract) takes the same temperature, so that l_old - l_inf is the
 train/inference mismatch and nothing else.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from zoo.batch import PAD_DOC, GroupBatch, Modality
 from zoo.datamodules.sequence import Document
-from zoo.models.backbone import KVCache
-from zoo.models.generation import sample_next
+from zoo.models.decode import Cursor, Recording, prefill, routing_per_row, text_step
+from zoo.models.kv_cache import KVCache
+from zoo.models.sampling import Sampler, check_sampling
 from zoo.models.unified import UnifiedModel
-from zoo.parallel import fp8_module_filter, is_sharded
-from zoo.rl.prompts import (
-    Prompt,
-    PromptLayout,
-    asks_for_image,
-    asks_for_speech,
-    continuation_batch,
-    is_document,
-    next_positions,
-    speech_ids,
-)
+from zoo.rl.policy import PolicyCopy, Precision, fp8_round_trip, full_state_dict
+from zoo.rl.prompts import Prompt, PromptLayout, is_document
+from zoo.rl.records import Rollout
+from zoo.rl.responses import RESPONSE_KINDS, ResponseKind, response_kind, rollout_batch
 
 if TYPE_CHECKING:
-    from zoo.rl.verifiers import Query
+    from zoo.rl.records import Query
 
 log = logging.getLogger(__name__)
 
-Precision = Literal["float32", "bfloat16", "fp8"]
 _CACHE_HEADROOM = 32  # columns added at a time when decoding outgrows the cache
-_FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-@dataclass
-class Rollout:
-    """One sampled response and what the engine knew when it sampled it.
-
-    query: the task item. prompt_ids: unified ids fed before the response (any hint included; `hint_len`
-    of them are the hint); for a prompt with media, the laid-out ids of `prompt_document` (`pad_id` where
-    media sit). prompt_document: the prompt with media (as codes), None for a text prompt.
-    response_ids: the sampled tokens (a stop id, when one ended it, included).
-    inf_logprobs: `[len(response)]` float32 l_inf. routing: MoE layer -> `[len(prompt) + len(response),
-    top_k]` expert ids, the backbone's `routing` argument for a forward of this one sequence (also for a
-    partial rollout from `interrupt`). versions: the policy version that sampled each
-    response token. finished: a stop id ended it. truncated: its token budget ended it.
-    max_new_tokens: this rollout's own budget (None: the engine's). group: the scheduler's group index.
-    """
-
-    query: Query
-    prompt_ids: list[int]
-    response_ids: list[int]
-    inf_logprobs: Tensor
-    routing: dict[int, Tensor] | None
-    versions: list[int]
-    finished: bool
-    truncated: bool
-    reward: float | None = None
-    hint_len: int = 0
-    max_new_tokens: int | None = None
-    group: int = -1
-    prompt_document: Document | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.finished or self.truncated
-
-    @property
-    def min_version(self) -> int | None:
-        return min(self.versions) if self.versions else None
 
 
 @dataclass
@@ -123,6 +69,7 @@ class _Row:
     at time `next_t` in group `next_group` (both equal `fed` for a text prompt)."""
 
     rollout: Rollout
+    kind: ResponseKind
     budget: int
     logprobs: list[float]
     routing: dict[int, list[Tensor]]
@@ -136,41 +83,6 @@ class _Row:
         return sum(t.shape[0] for t in next(iter(self.routing.values()), []))
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """A plain state dict: FSDP2 DTensors gathered (every rank must call), wrapper prefixes removed
-    (activation checkpointing, torch.compile)."""
-    state = {}
-    for key, value in model.state_dict().items():
-        if hasattr(value, "full_tensor"):
-            value = value.full_tensor()
-        key = key.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-        state[key] = value.detach()
-    return state
-
-
-def _plain_copy(model: UnifiedModel) -> UnifiedModel:
-    """A float32 UnifiedModel with `model`'s weights and no FSDP / FP8 / checkpoint wrappers."""
-    wrapped = is_sharded(model) or any(
-        type(m).__name__ in ("Float8Linear", "CheckpointWrapper") for m in model.modules()
-    )
-    if not wrapped:
-        return copy.deepcopy(model).float()
-    from zoo.config import to_config
-    from zoo.hub import build_from_config
-
-    config = to_config(model)
-    config["class_path"] = "zoo.models.unified.UnifiedModel"  # FSDP2 renames the class
-    plain = build_from_config(config)
-    plain.load_state_dict(full_state_dict(model), strict=True)
-    return plain
-
-
-def fp8_round_trip(weight: Tensor) -> Tensor:
-    """`weight` quantised to float8_e4m3fn with one scale per tensor (amax -> 448) and back."""
-    scale = weight.abs().amax().float().clamp_min(1e-12) / _FP8_MAX
-    return ((weight.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(weight.dtype)
-
-
 class InferenceEngine:
     """Continuous-batching generation on a private copy of the policy (see the module docstring).
 
@@ -181,7 +93,7 @@ class InferenceEngine:
             linears and every routed expert rounded through float8_e4m3fn, one scale per tensor/expert;
             router gates, embeddings, norms and the output head stay float32, as in `zoo.parallel`).
         max_new_tokens: response budget per sequence (a rollout may carry a smaller one).
-        temperature, top_k, top_p: sampling (see `zoo.models.generation.sample_next`).
+        temperature, top_k, top_p: sampling (`zoo.models.sampling.Sampler`).
         record_routing: record the experts of every position (costs one extra forward per sequence for
             its last token).
         stop_ids: ids that end a response (kept in it); None = `<eos>`; () never stops.
@@ -204,28 +116,21 @@ class InferenceEngine:
         seed: int = 0,
         max_audio_frames: int = 128,
     ) -> None:
-        if precision not in ("float32", "bfloat16", "fp8"):
-            raise ValueError(f"precision={precision!r}: expected 'float32', 'bfloat16' or 'fp8'")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_sampling(temperature, top_k, top_p)
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
         if max_audio_frames < 1:
             raise ValueError(f"max_audio_frames must be >= 1, got {max_audio_frames}")
         self.max_audio_frames = max_audio_frames
-        self.precision = precision
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.top_k, self.top_p = top_k, top_p
+        self.policy = PolicyCopy(model, precision)
+        self.max_new_tokens = max_new_tokens
         self.record_routing, self.max_batch = record_routing, max_batch
-        self.model = _plain_copy(model).eval().requires_grad_(False)
         self.layout = PromptLayout(self.model)
         self.stop_ids = (self.model.vocab.eos_id,) if stop_ids is None else tuple(stop_ids)
-        self._fp8 = self._fp8_weights() if precision == "fp8" else []
-        self._cast()
-        self.device = next(self.model.parameters()).device
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.device = self.policy.device
+        self.sampler = Sampler(temperature, top_k, top_p, torch.Generator(self.device).manual_seed(seed))
         self.moe_layers = [i for i, block in enumerate(self.model.backbone.layers) if block.is_moe]
         self.version = 0
         self.stats = EngineStats()
@@ -233,33 +138,6 @@ class InferenceEngine:
         self._waiting: list[_Row] = []
         self._cache: KVCache | None = None
         self._completed: list[Rollout] = []  # completed outside `step` (by `sync`), handed out by it
-
-    # ------------------------------------------------------------------------------------------ weights
-
-    def _fp8_weights(self) -> list[Tensor]:
-        admit = fp8_module_filter(self.model)
-        weights = [m.weight for name, m in self.model.named_modules() if admit(m, name)]
-        for block in self.model.backbone.layers:
-            if block.is_moe:
-                experts = block.ffn.experts
-                weights += [experts.w1, experts.w3, experts.w2]
-        return weights
-
-    @torch.no_grad()
-    def _cast(self) -> None:
-        if self.precision == "bfloat16":
-            # Parameters only: buffers (rotary frequencies, the aux-free expert bias) stay float32. The
-            # frozen media tokenizers stay float32 too: they are not the policy, and media prompts must
-            # become the codes the trainer sees (their quantisers are not written for bf16 either).
-            frozen = {id(p) for m in (self.model.visual_tokenizer, self.model.audio_codec) if m is not None
-                      for p in m.parameters()}  # fmt: skip
-            for p in self.model.parameters():
-                if id(p) not in frozen:
-                    p.data = p.data.to(torch.bfloat16)
-        elif self.precision == "fp8":
-            for w in self._fp8:
-                # Stacked experts get one scale each: a per-tensor scale over all of them is too coarse.
-                w.copy_(torch.stack([fp8_round_trip(e) for e in w]) if w.dim() == 3 else fp8_round_trip(w))
 
     @torch.no_grad()
     def sync(self, model: UnifiedModel, version: int) -> None:
@@ -275,13 +153,21 @@ class InferenceEngine:
             self._decode(sample=False)
             self._completed += self._retire()
             self.stats.busy_s += time.perf_counter() - begin
-        self.model.load_state_dict(full_state_dict(model), strict=True)
-        self._cast()
+        self.policy.sync(model)
         self.version = version
         if self._active:
             self.stats.reprefills += len(self._active)
             self._waiting = self._active + self._waiting
             self._active, self._cache = [], None
+
+    @property
+    def model(self) -> UnifiedModel:
+        """The engine's copy of the policy (`PolicyCopy`), in its precision."""
+        return self.policy.model
+
+    @property
+    def precision(self) -> Precision:
+        return self.policy.precision
 
     # ------------------------------------------------------------------------------------------ queueing
 
@@ -333,14 +219,10 @@ class InferenceEngine:
                     f"prompt of {len(r.prompt_ids)} tokens exceeds the context of "
                     f"{self.model.backbone.max_seq_len} (max_seq_len)"
                 )
-            budget = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+            tokens = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
             room = self.model.backbone.max_seq_len - len(r.prompt_ids)
-            budget = min(budget, room)
-            if asks_for_image(self.model, r.prompt_ids):  # an image is whole or nothing, whatever the budget
-                codes = self.model.nfsp.tokens_per_frame
-                budget = codes if room >= codes else 0
-            elif asks_for_speech(self.model, r.prompt_ids):  # a budget of frames (each Q codes)
-                budget = min(self.max_audio_frames, room)
+            kind = response_kind(self.model, r.prompt_ids)
+            budget = kind.budget(self.model, tokens, self.max_audio_frames, room)
             routing: dict[int, list[Tensor]] = {}
             if self.record_routing:
                 old = r.routing or {}
@@ -349,7 +231,7 @@ class InferenceEngine:
                     layer: [old[layer]] if layer in old and old[layer].shape[0] else []
                     for layer in self.moe_layers
                 }
-            row = _Row(r, budget, r.inf_logprobs.tolist(), routing)
+            row = _Row(r, kind, budget, r.inf_logprobs.tolist(), routing)
             if budget <= len(r.response_ids):
                 # The prompt leaves no room (or the budget is spent): say so, never drop it silently.
                 log.warning(
@@ -378,6 +260,11 @@ class InferenceEngine:
         """The rollouts queued or active, brought up to date (tokens, l_inf, routing so far) and left in
         place: what a checkpoint stores so that they can `resume` after a restart."""
         return [self._export(row) for row in self._active + self._waiting]
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sampling generator (its state travels in RL checkpoints)."""
+        return self.sampler.generator
 
     @property
     def pending(self) -> int:
@@ -422,181 +309,78 @@ class InferenceEngine:
         """Prefill the queued rows that fit; returns the image rollouts, generated whole here."""
         free = len(self._waiting) if self.max_batch is None else self.max_batch - len(self._active)
         rows, self._waiting = self._waiting[: max(free, 0)], self._waiting[max(free, 0) :]
-        images = [r for r in rows if not r.done and asks_for_image(self.model, r.rollout.prompt_ids)]
-        speech = [r for r in rows if not r.done and asks_for_speech(self.model, r.rollout.prompt_ids)]
-        completed = self._generate_images(images) if images else []
-        completed += self._generate_speech(speech) if speech else []
-        generated = {id(r) for r in images + speech}
-        rows = [r for r in rows if id(r) not in generated]
+        completed, whole = [], [r for r in rows if r.kind.whole and not r.done]
+        for kind in RESPONSE_KINDS:  # media: generated whole here, never waiting in the batch
+            picked = [r for r in whole if r.kind is kind]
+            if picked:
+                completed += self._generate_whole(kind, picked)
+        rows = [r for r in rows if all(r is not w for w in whole)]
         if not rows:
             return completed
-        seqs = [r.rollout.prompt_ids + r.rollout.response_ids for r in rows]
         parts = [(r.rollout.prompt_document, r.rollout.prompt_ids, r.rollout.response_ids) for r in rows]
-        batch = self.layout.batch(parts, left=True)
-        cache = self.model.backbone.new_cache(len(rows), batch.seq_len)
-        out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
-        self.stats.prefill_tokens += sum(len(s) for s in seqs)
+        batch = rollout_batch(self.layout, parts, left=True)
+        out, cursor, cache = prefill(self.model, batch, extra=0)
+        self.stats.prefill_tokens += sum(self._length(r) for r in rows)
         if self.record_routing:
-            offsets = [0]
-            for s in seqs:
-                offsets.append(offsets[-1] + len(s))
-            for i, row in enumerate(rows):
-                start = offsets[i] + row.recorded  # positions recorded before an interruption are kept
-                for layer, chosen in out.routing.items():
-                    row.routing[layer].append(chosen[start : offsets[i + 1]])
-        next_t, next_group = next_positions(batch)
-        for row, length, t, group in zip(rows, (len(s) for s in seqs), next_t, next_group, strict=True):
+            for row, routing in zip(rows, routing_per_row(out, batch), strict=True):
+                kept = row.recorded  # positions recorded before an interruption are kept
+                for layer, chosen in routing.items():
+                    row.routing[layer].append(chosen[kept:])
+        for row, length, t, group in zip(rows, map(self._length, rows), *self._listed(cursor), strict=True):
             row.fed, row.next_t, row.next_group = length, t, group
         sample = [i for i, r in enumerate(rows) if not r.done]
         if sample:
-            self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
+            self._sample([rows[i] for i in sample], self.model.sampling_logits(out.hidden[sample, -1]))
         self._merge(rows, cache)
         return completed
 
-    def _prefill_media(self, rows: list[_Row], extra: int) -> tuple[Tensor, Tensor, Tensor, KVCache]:
-        """Prefill the text prompts of image / speech rows into a cache with `extra` more columns,
-        recording their routing; (last hidden `[R, D]`, next t `[R]`, next group `[R]`, cache)."""
-        model = self.model
-        batch = self.layout.batch([(None, r.rollout.prompt_ids, []) for r in rows], left=True)
-        cache = model.backbone.new_cache(len(rows), batch.seq_len + extra)
-        out = model.backbone(model.embed(batch), batch, cache=cache)
-        self.stats.prefill_tokens += sum(len(r.rollout.prompt_ids) for r in rows)
-        if self.record_routing:
-            offsets = [0]
-            for r in rows:
-                offsets.append(offsets[-1] + len(r.rollout.prompt_ids))
-            for i, row in enumerate(rows):
-                for layer, chosen in out.routing.items():
-                    row.routing[layer].append(chosen[offsets[i] : offsets[i + 1]])
-        t, group = (torch.tensor(v, device=self.device) for v in next_positions(batch))
-        return out.hidden[:, -1], t, group, cache
+    @staticmethod
+    def _listed(cursor: Cursor) -> tuple[list[int], list[int]]:
+        return cursor.t.tolist(), cursor.group.tolist()
 
-    def _generate_speech(self, rows: list[_Row]) -> list[Rollout]:
-        """NCP generation of one utterance per row, as `zoo.models.media_generation.generate_audio`: per
-        frame, the depth head samples the levels from the last state (level 1 may sample END), then the
-        frame is fed as one group. Every sampled frame is fed (its routing recorded), so a rollout cut by
-        its budget has a position per frame too. The response: the frames' unified audio ids, then
-        `<eoa>` when END was sampled."""
-        model, ncp = self.model, self.model.ncp
-        budget = max(r.budget for r in rows)
-        hidden, t, group, cache = self._prefill_media(rows, budget)
-        n, eoa = len(rows), model.vocab.special("<eoa>")
-        live = [True] * n
-        for step in range(budget):
-            codes, ended, logprobs = ncp.sample_with_logprobs(
-                hidden, self.temperature, self.top_k, self.top_p, self.generator
-            )
-            for i, row in enumerate(rows):
-                if not live[i]:
-                    continue
-                r = row.rollout
-                if bool(ended[i]):
-                    r.response_ids.append(eoa)
-                    row.logprobs.append(float(logprobs[i, 0]))
-                    r.finished = row.done = True
-                    live[i] = False
-                    continue
-                r.response_ids += speech_ids(model, codes[i : i + 1])
-                row.logprobs += logprobs[i].tolist()
-                if step + 1 >= row.budget:
-                    r.truncated = row.done = True
-            fed = [i for i in range(n) if live[i]]
-            self.stats.steps += 1
-            self.stats.row_steps += len(fed)
-            if not fed:
-                break
-            frame = GroupBatch(
-                input_ids=torch.zeros_like(t[:, None]),
-                modality=torch.full_like(t[:, None], int(Modality.AUDIO)),
-                group_id=group[:, None],
-                doc_id=torch.zeros_like(t[:, None]),
-                positions=t[None, :, None].expand(3, -1, -1),
-            )
-            out = model.backbone(ncp.embed_codes(codes)[:, None], frame, cache=cache)
-            if self.record_routing:
-                for layer, chosen in out.routing.items():
-                    for i in fed:
-                        rows[i].routing[layer].append(chosen[i : i + 1])
-            for i in fed:
-                if rows[i].done:  # its budget is spent: fed once for its routing, now complete
-                    live[i] = False
-            hidden, t, group = out.hidden[:, -1], t + 1, group + 1
-        self.stats.tokens += sum(len(r.rollout.response_ids) for r in rows)
-        return [self._export(row) for row in rows]
-
-    def _generate_images(self, rows: list[_Row]) -> list[Rollout]:
-        """NFSP generation of one image per row, as `zoo.models.media_generation.generate_visual` (no
-        guidance): prefill, then per scale one backbone step whose s*s positions form one group on the
-        finest grid, their codes sampled at once. The response is the codes as unified visual ids."""
-        model, nfsp = self.model, self.model.nfsp
-        n, finest = len(rows), nfsp.scales[-1]
-        _, t0, group, cache = self._prefill_media(rows, nfsp.tokens_per_frame)
-        codes: list[Tensor] = []
-        for k, side in enumerate(nfsp.scales):
-            known = [*codes, torch.zeros(n, 1, side, side, dtype=torch.long, device=self.device)]
-            features = nfsp.tokenizer.scale_inputs(known)[k][:, 0].flatten(1, 2)
-            x = nfsp.embed_features(features, torch.full((n, side * side), k, device=self.device))
-            # Infinity's layout: cell i of a side-s grid sits at the centre of its cells on the finest grid.
-            cells = [(i * finest + finest // 2) // side for i in range(side)]
-            coords = torch.tensor(cells, device=self.device)
-            h = t0[:, None] + coords.repeat_interleave(side)[None]
-            w = t0[:, None] + coords.repeat(side)[None]
-            step = GroupBatch(
-                input_ids=torch.zeros_like(h),
-                modality=torch.full_like(h, int(Modality.IMAGE)),
-                group_id=(group + k)[:, None].expand_as(h),
-                doc_id=torch.zeros_like(h),
-                positions=torch.stack([t0[:, None].expand_as(h), h, w]),
-            )
-            out = model.backbone(x, step, cache=cache)
-            if self.record_routing:
-                for layer, chosen in out.routing.items():
-                    for i, row in enumerate(rows):
-                        row.routing[layer].append(chosen[i * side * side : (i + 1) * side * side])
-            logits = nfsp.logits(out.hidden).float().flatten(0, 1)
-            tokens = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
-            scaled = logits / (self.temperature if self.temperature > 0 else 1.0)
-            logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].view(n, -1).tolist()
-            codes.append(tokens.view(n, 1, side, side))
-            for row, values in zip(rows, logprobs, strict=True):
-                row.logprobs += values
-            self.stats.steps += 1
-            self.stats.row_steps += n
-        ids = (torch.cat([c.flatten(1) for c in codes], dim=1) + model.vocab.visual_offset).tolist()
-        for row, response in zip(rows, ids, strict=True):
-            row.rollout.response_ids = response
-            row.rollout.versions = [self.version] * len(response)
-            row.rollout.finished = row.done = True
-        self.stats.tokens += n * nfsp.tokens_per_frame
+    def _generate_whole(self, kind: ResponseKind, rows: list[_Row]) -> list[Rollout]:
+        """A media kind's responses, generated whole (`ResponseKind.generate`), with l_inf and the routing
+        of every position."""
+        recording = Recording(len(rows), self.record_routing)
+        prompts = [r.rollout.prompt_ids for r in rows]
+        generated = kind.generate(self.model, prompts, [r.budget for r in rows], self.sampler, recording)
+        for i, row in enumerate(rows):
+            r = row.rollout
+            r.response_ids = generated.responses[i]
+            r.versions = [self.version] * len(r.response_ids)
+            r.finished, r.truncated, row.done = generated.finished[i], not generated.finished[i], True
+            row.logprobs += recording.logprobs[i]
+            for layer, chosen in recording.routing(i).items():
+                row.routing[layer].append(chosen)
+        self.stats.prefill_tokens += sum(len(p) for p in prompts)
+        self.stats.steps += generated.steps
+        self.stats.row_steps += generated.row_steps
+        self.stats.tokens += sum(len(response) for response in generated.responses)
         return [self._export(row) for row in rows]
 
     def _decode(self, sample: bool = True) -> None:
         rows = self._active
         cache = self._cache
         if cache.length + 1 > cache.max_len:
-            self._grow(_CACHE_HEADROOM)
-            cache = self._cache
+            cache.grow(_CACHE_HEADROOM)
         ids = torch.tensor([[r.rollout.response_ids[-1]] for r in rows], device=self.device)
-        t = torch.tensor([[r.next_t] for r in rows], device=self.device)
-        group = torch.tensor([[r.next_group] for r in rows], device=self.device)
-        batch = continuation_batch(ids, t, group)
-        out = self.model.backbone(self.model.embed(batch), batch, cache=cache)
+        cursor = Cursor.at([r.next_t for r in rows], [r.next_group for r in rows], self.device)
+        out, batch = text_step(self.model, cache, ids, cursor)
         for row in rows:
             row.fed, row.next_t, row.next_group = row.fed + 1, row.next_t + 1, row.next_group + 1
         if self.record_routing:
-            for layer, chosen in out.routing.items():
-                for i, row in enumerate(rows):
-                    row.routing[layer].append(chosen[i : i + 1])
+            for row, routing in zip(rows, routing_per_row(out, batch), strict=True):
+                for layer, chosen in routing.items():
+                    row.routing[layer].append(chosen)
         sample = [i for i, r in enumerate(rows) if not r.done] if sample else []
         if sample:
-            self._sample([rows[i] for i in sample], self.model.text_head.logits(out.hidden[sample, -1]))
+            self._sample([rows[i] for i in sample], self.model.sampling_logits(out.hidden[sample, -1]))
         self.stats.steps += 1
         self.stats.row_steps += len(rows)
 
     def _sample(self, rows: list[_Row], logits: Tensor) -> None:
-        tokens = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
-        scaled = logits.float() / (self.temperature if self.temperature > 0 else 1.0)
-        logprobs = scaled.log_softmax(-1).gather(-1, tokens[:, None])[:, 0].tolist()
+        tokens = self.sampler.sample(logits)
+        logprobs = self.sampler.logprob(logits, tokens).tolist()
         for row, token, logprob in zip(rows, tokens.tolist(), logprobs, strict=True):
             r = row.rollout
             r.response_ids.append(token)
@@ -621,13 +405,7 @@ class InferenceEngine:
         if not keep:
             self._cache = None
             return finished
-        cache, index = self._cache, torch.tensor(keep, device=self.device)
-        first = cache.length - max(r.fed for r in self._active)  # columns now padding in every row
-        cache.k = cache.k[:, index, :, first:]
-        cache.v = cache.v[:, index, :, first:]
-        cache.doc_id, cache.group_id = cache.doc_id[index, first:], cache.group_id[index, first:]
-        cache.max_len -= first
-        cache.length -= first
+        self._cache.select(keep)
         return finished
 
     @staticmethod
@@ -648,34 +426,9 @@ class InferenceEngine:
 
     def _merge(self, rows: list[_Row], new: KVCache) -> None:
         """Join freshly prefilled rows to the running batch: every row's entries end at one column."""
-        old = self._cache
-        old_len = 0 if old is None else old.length
-        length = max(old_len, new.length)
-        n_old = 0 if old is None else old.k.shape[1]
-        merged = self.model.backbone.new_cache(n_old + len(rows), length + _CACHE_HEADROOM)
-        merged.doc_id.fill_(PAD_DOC)
-        for source, rows_at, n in ((old, 0, old_len), (new, n_old, new.length)):
-            if source is None:
-                continue
-            b = source.k.shape[1]
-            cols = slice(length - n, length)
-            merged.k[:, rows_at : rows_at + b, :, cols] = source.k[:, :, :, :n]
-            merged.v[:, rows_at : rows_at + b, :, cols] = source.v[:, :, :, :n]
-            merged.doc_id[rows_at : rows_at + b, cols] = source.doc_id[:, :n]
-            merged.group_id[rows_at : rows_at + b, cols] = source.group_id[:, :n]
-        merged.length = length
-        self._cache = merged
+        caches = [new] if self._cache is None else [self._cache, new]
+        self._cache = KVCache.join(caches, headroom=_CACHE_HEADROOM)
         self._active = self._active + rows
-
-    def _grow(self, extra: int) -> None:
-        c = self._cache
-        pad = list(c.k.shape)
-        pad[3] = extra
-        c.k = torch.cat([c.k, c.k.new_zeros(pad)], dim=3)
-        c.v = torch.cat([c.v, c.v.new_zeros(pad)], dim=3)
-        c.doc_id = torch.cat([c.doc_id, c.doc_id.new_full((c.doc_id.shape[0], extra), PAD_DOC)], dim=1)
-        c.group_id = torch.cat([c.group_id, c.group_id.new_zeros((c.group_id.shape[0], extra))], dim=1)
-        c.max_len += extra
 
 
 # The trainer side (router replay) lives in zoo/rl/replay.py; re-exported here for the contract's name.
@@ -684,7 +437,6 @@ from zoo.rl.replay import mismatch_kl, routing_agreement, sequence_logprobs  # n
 __all__ = [
     "EngineStats",
     "InferenceEngine",
-    "Rollout",
     "fp8_round_trip",
     "full_state_dict",
     "mismatch_kl",

@@ -33,19 +33,17 @@ that its reward can be computed while the others are still generating.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
 from typing import Protocol
 
-import torch
 from torch import nn
 
 from zoo.config import Configurable
-from zoo.rl.prompts import Prompt, document_from_state, document_state
-from zoo.rl.rollout import InferenceEngine, Rollout
-from zoo.rl.verifiers import Query
+from zoo.rl.prompts import Prompt
+from zoo.rl.records import Rollout
+from zoo.rl.rollout import InferenceEngine
 
 
 class QuerySource(Protocol):
@@ -178,7 +176,7 @@ class RolloutScheduler(Configurable, nn.Module):
         groups = {}
         for gid, group in self._groups.items():
             groups[gid] = [
-                {**_rollout_state(r), "complete": id(r) in self._complete, "queued": queued.get(id(r), -1)}
+                {**r.to_state(), "complete": id(r) in self._complete, "queued": queued.get(id(r), -1)}
                 for r in group
             ]
         return {
@@ -201,7 +199,7 @@ class RolloutScheduler(Configurable, nn.Module):
         for gid, group in state["groups"].items():
             rollouts = []
             for item in group:
-                r = _rollout_from_state(item)
+                r = Rollout.from_state(item)
                 # Finished by the engine but not yet handed out (a `sync` completed it): done all the same
                 if item["complete"] or r.done:
                     self._complete.add(id(r))
@@ -376,43 +374,3 @@ class URBScheduler(RolloutScheduler):
     def _load_extra_state(self, state: dict) -> None:
         self._pool = [[int(g) for g in data_group] for data_group in state["pool"]]
         self._assigned = int(state["assigned"])
-
-
-def _rollout_state(r: Rollout) -> dict:
-    """A rollout as tensors and plain values; its query as the fields of a `zoo.rl.verifiers.Query`."""
-    if not isinstance(r.query, Query):
-        raise TypeError(f"only zoo.rl.verifiers.Query rollouts can be checkpointed, got {type(r.query)}")
-    return {
-        "query": dataclasses.asdict(r.query),
-        "prompt_ids": list(r.prompt_ids),
-        "response_ids": list(r.response_ids),
-        "inf_logprobs": r.inf_logprobs.detach().cpu(),
-        "routing": None if r.routing is None else {k: v.cpu() for k, v in r.routing.items()},
-        "versions": list(r.versions),
-        "finished": r.finished,
-        "truncated": r.truncated,
-        "reward": r.reward,
-        "hint_len": r.hint_len,
-        "max_new_tokens": r.max_new_tokens,
-        "group": r.group,
-        "prompt_document": document_state(r.prompt_document),
-    }
-
-
-def _rollout_from_state(state: dict) -> Rollout:
-    routing = state["routing"]
-    return Rollout(
-        query=Query(**state["query"]),
-        prompt_ids=list(state["prompt_ids"]),
-        response_ids=list(state["response_ids"]),
-        inf_logprobs=torch.as_tensor(state["inf_logprobs"], dtype=torch.float32),
-        routing=None if routing is None else {int(k): v.long() for k, v in routing.items()},
-        versions=list(state["versions"]),
-        finished=bool(state["finished"]),
-        truncated=bool(state["truncated"]),
-        reward=state["reward"],
-        hint_len=int(state["hint_len"]),
-        max_new_tokens=state["max_new_tokens"],
-        group=int(state["group"]),
-        prompt_document=document_from_state(state.get("prompt_document")),
-    )

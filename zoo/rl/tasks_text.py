@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from zoo.datamodules.shapes import stable_seed
-from zoo.rl.verifiers import Query
+from zoo.rl.records import Query
 
 SPLITS = ("train", "heldout")
 

@@ -25,28 +25,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from zoo.rl.records import Query
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Query:
-    """One RL prompt with its ground truth (the contract between data, rollouts and verifiers).
-
-    Attributes:
-        id: unique and stable across runs (per-query statistics key on it: WPSM, AHRL pass rates).
-        prompt: the text the policy continues.
-        answer: the exact answer the verifier checks.
-        solution: a reference completion ending with the answer (AHRL hints are prefixes of it).
-        task: selects the verifier (`VERIFIERS`).
-        difficulty: the task's difficulty level (for per-difficulty statistics).
-    """
-
-    id: str
-    prompt: str
-    answer: str
-    solution: str
-    task: str
-    difficulty: int = 1
 
 
 # ------------------------------------------------------------------------------------ text verifiers

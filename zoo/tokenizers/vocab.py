@@ -125,6 +125,40 @@ class UnifiedVocab:
             raise ValueError(f"ids must lie in the text range {r.start}..{r.stop - 1}")
         return ids - self.text_offset
 
+    # -- media codes as unified ids (a media response, codes fed back as ids) ---------------------------
+    def visual_ids(self, codes: Tensor) -> Tensor:
+        """Visual codebook codes (any shape) -> unified visual ids."""
+        return codes + self.visual_offset
+
+    def visual_codes(self, ids: Tensor | list[int]) -> Tensor:
+        """Unified visual ids -> codebook codes; refuses ids outside the visual range."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        self.check_ids(ids, self.visual_range())
+        return ids - self.visual_offset
+
+    def audio_ids(self, codes: Tensor) -> Tensor:
+        """RVQ codes `[..., Q]` (level q in column q) -> unified audio ids, level q in its own block."""
+        levels = torch.arange(codes.shape[-1], device=codes.device) * self.audio_size
+        return codes + levels + self.audio_offset
+
+    def audio_codes(self, ids: Tensor | list[int]) -> Tensor:
+        """Unified audio ids, frame after frame (Q a frame, level 1 first) -> RVQ codes `[F, Q]`; refuses
+        an id outside its level's block and a count that is not whole frames."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.numel() % self.audio_levels:
+            raise ValueError(f"{ids.numel()} audio ids are not whole frames of {self.audio_levels} levels")
+        frames = ids.view(-1, self.audio_levels)
+        codes = frames - self.audio_offset - torch.arange(self.audio_levels) * self.audio_size
+        bad = ((codes < 0) | (codes >= self.audio_size)).nonzero()
+        if len(bad):
+            f, q = bad[0].tolist()
+            block = self.audio_range(q)
+            raise ValueError(
+                f"audio id {int(frames[f, q])} (frame {f}, level {q + 1}) lies outside that level's ids "
+                f"{block.start}..{block.stop - 1}"
+            )
+        return codes
+
     def check_ids(self, ids: Tensor, allowed: range | None = None) -> None:
         """Refuse out-of-range ids with a message naming the offending id and the allowed range."""
         allowed = allowed or range(0, self.size)
