@@ -352,11 +352,11 @@ def test_the_flat_arguments_of_an_older_rl_checkpoint_are_put_in_their_groups():
         "model": {"class_path": "zoo.models.unified.UnifiedModel"}, "loss": {"algorithm": "grpo"},
         "batch_size": 16, "lr": 2e-5, "frozen": ("text_embed",), "truncated": "mask", "init_from": None,
     }  # fmt: skip
-    grouped = RLTask.grouped_arguments(old)
+    grouped = RLTask.upgrade_init_args(old)
     assert grouped == {
         "model": old["model"], "loss": old["loss"], "init_from": None, "update": {"batch_size": 16},
         "optim": {"lr": 2e-5, "frozen": ["text_embed"]}, "scoring": {"truncated": "mask"},
     }  # fmt: skip
-    assert RLTask.grouped_arguments(grouped) == grouped
+    assert RLTask.upgrade_init_args(grouped) == grouped
     task = RLTask(create_model("tiny", **TINY), update=UpdateConfig(**grouped["update"]))
     assert task.update_config.batch_size == 16

@@ -94,7 +94,8 @@ def model_spec(summary: CheckpointSummary) -> dict[str, Any] | None:
     if "_class_path" not in hparams:
         return None
     class_path = hparams.pop("_class_path")
-    return {"class_path": class_path, "init_args": hparams}
+    upgrade = getattr(zoo_class(class_path), "upgrade_init_args", None)  # older checkpoints' arguments
+    return {"class_path": class_path, "init_args": upgrade(hparams) if upgrade else hparams}
 
 
 def inject_model(args: list[str], subcommand: str, spec: Mapping[str, Any]) -> list[str]:

@@ -59,7 +59,7 @@ warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `
 warnings.filterwarnings("ignore", message="Attribute 'scheduler' is an instance of `nn.Module`")
 
 # The flat arguments of RLTask before they were grouped (issue 15) -> their group: what an older
-# checkpoint's hyper-parameters need to build today's task (`grouped_arguments`).
+# checkpoint's hyper-parameters need to build today's task (`upgrade_init_args`).
 LEGACY_ARGUMENTS = {
     **dict.fromkeys(("batch_size", "group_size", "micro_batch_size", "ppo_epochs"), "update"),
     **dict.fromkeys(("router_replay", "wpsm_momentum", "permute_rewards"), "update"),
@@ -117,9 +117,9 @@ class RLTask(L.LightningModule):
         loss: PolicyLossConfig = PolicyLossConfig(),
         rollout: RolloutConfig = RolloutConfig(),
         hints: HintSchedule = HintSchedule(p_init=0.0),
-        update: UpdateConfig = UpdateConfig(),  # noqa: B008 (frozen: to list in pyproject's immutable calls)
-        optim: OptimConfig = OptimConfig(),  # noqa: B008
-        scoring: ScoringConfig = ScoringConfig(),  # noqa: B008
+        update: UpdateConfig = UpdateConfig(),
+        optim: OptimConfig = OptimConfig(),
+        scoring: ScoringConfig = ScoringConfig(),
         init_from: str | None = None,
     ) -> None:
         super().__init__()
@@ -143,9 +143,10 @@ class RLTask(L.LightningModule):
         self._engine_rng: Tensor | None = None  # from a checkpoint, applied when the engine is built
 
     @staticmethod
-    def grouped_arguments(init_args: dict) -> dict:
+    def upgrade_init_args(init_args: dict) -> dict:
         """An older checkpoint's arguments of this task (flat `batch_size`, `lr`, ...) in today's groups
-        (`update`, `optim`, `scoring`); arguments already grouped are left as they are."""
+        (`update`, `optim`, `scoring`); arguments already grouped are left as they are. The CLI calls a
+        task's `upgrade_init_args` on the hyper-parameters of a `--ckpt_path` (zoo.cli.checkpoint)."""
         grouped = {k: v for k, v in init_args.items() if k not in LEGACY_ARGUMENTS}
         for key, value in init_args.items():
             if key in LEGACY_ARGUMENTS:
