@@ -184,6 +184,8 @@ class RLTask(L.LightningModule):
         source.hints = self.hint_controller if self.hint_schedule.enabled else None
 
     def on_fit_start(self) -> None:
+        # Sample (and score) only text ids the tokenizer decodes, in the engine and the trainer alike.
+        self.model.decode_text_with(self.source.tokenizer.vocab_size)
         c = self.rollout_config
         self.engine = InferenceEngine(
             self.model,
