@@ -1,8 +1,8 @@
-"""Paired data through the command line (issue 14, items 1, 3 and 7): every shipped paired config reads the files
-its placeholders name (written here: media, or code shards of the configured model's own visual tokenizer) into
-batches the configured model takes, and `zoo fit` on a tiny manifest
-with a tiny untrained visual tokenizer and audio codec trains, checkpoints mid-epoch and resumes, with the
-tokenizer it trained coming back from the checkpoint, and `zoo predict` answers from the checkpoint."""
+"""Paired data through the command line (issue 14, items 1, 3 and 7): every shipped paired config reads the
+files its placeholders name (written here: media, or code shards of the configured model's own visual
+tokenizer) into batches the configured model takes, and `zoo fit` on a tiny manifest with a tiny untrained
+visual tokenizer and audio codec trains, checkpoints mid-epoch and resumes, with the tokenizer it trained
+coming back from the checkpoint, and `zoo predict` answers from the checkpoint."""
 
 from __future__ import annotations
 

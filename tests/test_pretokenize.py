@@ -188,8 +188,8 @@ def hang(samples):
         Path(args.out, "hung").write_text(str(samples))
         time.sleep(600)
 tokenizers = load_tokenizers(args)
-tokenize_corpus(args.inputs, args.out, tokenizers, media_spec(args), batch_size=args.batch_size, num_workers=0,
-                lines_per_shard=args.lines_per_shard, progress=False, on_batch=hang)
+tokenize_corpus(args.inputs, args.out, tokenizers, media_spec(args), batch_size=args.batch_size,
+                num_workers=0, lines_per_shard=args.lines_per_shard, progress=False, on_batch=hang)
 """
 
 

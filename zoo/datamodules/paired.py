@@ -232,11 +232,15 @@ class PairedDataModule(DocumentDataModule):
         super().setup(stage)
 
     def _loader(self, split: str) -> ReportingLoader:
-        # Here, not in setup: a checkpoint's weights (the tokenizers' included) are restored in between.
+        self.check_sources()
+        return super()._loader(split)
+
+    def check_sources(self) -> None:
+        """Every source checked against the model (code shards of other tokenizers are refused). Called when
+        loaders are built, not in setup: a checkpoint's weights (the tokenizers' too) arrive in between."""
         model = self.trainer_model()
         for source in dict.fromkeys([*self.sources, *self.val_sources]):
             source.check_model(model, self.layout)
-        return super()._loader(split)
 
     # -- splits: sources, their parts of the epoch -------------------------------------------------
     def splits(self) -> dict[str, tuple[list[PairedSource], list[SourcePart]]]:
@@ -341,6 +345,7 @@ class PairedDataModule(DocumentDataModule):
 
         if self.tokenizer is None:
             self.setup("predict")
+        self.check_sources()
         maker, requests = self.maker(), []
         for name, sample in self.predict_val_samples():
             if isinstance(sample, str):  # why the sample could not be read (its kind is unknown)

@@ -23,7 +23,7 @@ from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadSample, describe
 from zoo.datamodules.media_samples import MediaSpec, PairedSample
 from zoo.datamodules.paired_documents import MediaSupport
 from zoo.datamodules.sequence import VisualSegment
-from zoo.datamodules.shards import JsonlLines, TarSamples, count_shards, expand
+from zoo.datamodules.shards import expand
 from zoo.datamodules.sources import ManifestSource, PairedSource, TarSource
 
 InputFormat = Literal["tar", "manifest"]
@@ -55,7 +55,7 @@ class Unit:
 
     def source(self) -> PairedSource:
         """The paired datamodule's source that reads this unit's input."""
-        return TarSource([self.url]) if self.format == "tar" else ManifestSource([self.url])
+        return input_source(self.url, self.format)
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,19 @@ def input_format(url: str) -> InputFormat:
     )
 
 
+def input_source(url: str, format: InputFormat, index: str | None = None) -> PairedSource:
+    """The source of `PairedDataModule` that reads (and counts) the input `url`."""
+    return TarSource([url], index=index) if format == "tar" else ManifestSource([url])
+
+
 def plan_units(
     inputs: Sequence[str], lines_per_shard: int, index: str | None = None
 ) -> tuple[list[Unit], list[PlanFailure]]:
     """The units of `inputs` (paths, urls, brace patterns), and the tar shards that could not be counted.
 
-    Manifests must exist (a missing one is a mistyped argument: `FileNotFoundError`); tar counts come from
-    `index`, an `index.json` beside the shard, or a scan of the local file (`count_shards`).
+    Counted as the paired datamodule counts its sources: manifests must exist (a missing one is a mistyped
+    argument: `FileNotFoundError`); tar counts come from `index`, an `index.json` beside the shard, or a
+    scan of the local file.
     """
     if lines_per_shard < 1:
         raise ValueError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
@@ -94,15 +100,15 @@ def plan_units(
     units: list[Unit] = []
     failures: list[PlanFailure] = []
     for url in urls:
-        number = len(units) + len(failures)
-        if input_format(url) == "manifest":
-            lines = JsonlLines().count(url)
-            for start in range(0, lines, lines_per_shard):
-                count = min(lines_per_shard, lines - start)
+        number, format = len(units) + len(failures), input_format(url)
+        if format == "manifest":
+            (shard,) = input_source(url, format).count()
+            for start in range(0, shard.samples, lines_per_shard):
+                count = min(lines_per_shard, shard.samples - start)
                 units.append(Unit(len(units) + len(failures), url, "manifest", start, count))
             continue
         try:
-            (shard,) = count_shards([url], TarSamples(), index)
+            (shard,) = input_source(url, format, index).count()
         except ValueError as error:
             failures.append(PlanFailure(number, url, str(error)))
             continue
