@@ -175,7 +175,10 @@ def test_a_manifest_read_raw_and_from_its_code_shards_gives_the_same_batches_epo
         for x, y in zip(a, b, strict=True):
             assert_same_batches(x, y, model)
         dropped |= any(not torch.equal(x.input_ids, z.input_ids) for x, z in zip(a, c, strict=True))
-        tasks |= {drawn.task for drawn, _ in by_identity(coded, epoch).values()}
+        draws = {k: drawn for k, (drawn, _) in by_identity(raw, epoch).items()}
+        assert draws == {k: drawn for k, (drawn, _) in by_identity(coded, epoch).items()}
+        assert len(draws) == len(lines)
+        tasks |= {drawn.task for drawn in draws.values()}
     assert raw.bad_samples == coded.bad_samples == 0
     assert coded.sources[0].expected == model_fingerprints(model)  # checked against the model
     assert dropped, "BPE-dropout changed no caption"
