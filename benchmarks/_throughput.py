@@ -8,12 +8,12 @@ speed does not depend on the weights.
 
 - `zoo tokenize` runs over each half (`tokenize_corpus`, `--workers` DataLoader workers): images/s and
   audio seconds/s.
-- (a) raw: the raw shards streamed (`StreamLoader`: decoding in the workers, documents, batches) and each
-  batch's media tokenized by the model (`UnifiedModel.encode_media` on pixels and waves), as training on
-  raw media does; (b) shards: the code shards streamed the same way, each batch through `encode_media`
-  (on codes that computes the teacher-forcing inputs only). Both at 0 and `--workers` workers over one
-  epoch; the clock starts at the first batch (worker start-up is left out). Delivered: documents/s and
-  tokens/s (the valid positions of the packed batches).
+- (a) raw: the raw shards through `PairedDataModule` (a `TarSource`: decoding in the workers, documents,
+  batches) and each batch's media tokenized by the model (`UnifiedModel.encode_media` on pixels and
+  waves), as training on raw media does; (b) shards: the code shards through the same datamodule (a
+  `CodeShardSource`), each batch through `encode_media` (on codes that computes the teacher-forcing inputs
+  only). Both at 0 and `--workers` workers over one epoch; the clock starts at the first batch (worker
+  start-up is left out). Delivered: documents/s and tokens/s (the valid positions of the packed batches).
 - consumption: training steps (forward, backward, AdamW) of the `tiny` and the `small` preset holding the
   same tokenizers, on batches of the code shards, in tokens/s and documents/s. `small` reserves 8 audio
   levels and the codec has 4, so `small` is built with `audio_levels=4, audio_size=256`.
@@ -27,10 +27,13 @@ from __future__ import annotations
 import argparse
 import copy
 import io
+import logging
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 
+import lightning as L
 import soundfile as sf
 import torch
 import webdataset as wds
@@ -39,21 +42,18 @@ from _common import log, machine_info
 from PIL import Image
 
 from zoo.batch import GroupBatch
-from zoo.datamodules.code_records import CodeRecord
-from zoo.datamodules.code_shards import CodeDocuments
-from zoo.datamodules.sequence import AudioSegment, Document, MediaLayout, SequenceBuilder, VisualSegment
+from zoo.datamodules.code_shards import CodeShardSource
+from zoo.datamodules.paired import PairedDataModule
 from zoo.datamodules.shapes import ShapesWorld
 from zoo.datamodules.shapes_render import render_image
 from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
-from zoo.datamodules.shards import TarSamples, count_shards, read_index
-from zoo.datamodules.streaming import StreamDataset, StreamLoader
-from zoo.datamodules.task_documents import PairedDocuments, TaskWeights
+from zoo.datamodules.sources import PairedSource, TarSource
 from zoo.hub import build_from_config
 from zoo.models.unified import UnifiedModel
-from zoo.pretokenize import DecodeSettings, FrozenTokenizers, tokenize_corpus
+from zoo.pretokenize import FrozenTokenizers, tokenize_corpus
 from zoo.pretokenize.frozen import find_spec
-from zoo.pretokenize.records import decode, tar_record
 from zoo.registry import create_model
+from zoo.tasks.pretrain import UnifiedPretraining
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.visual import VisualTokenizer
@@ -63,7 +63,7 @@ BATCH = 16  # documents per batch
 SEQ_LEN = 512  # the tiny preset's max_seq_len
 SHARDS_PER_HALF = 4  # raw tar shards of images, and of speech: several per worker
 SMALL_OVERRIDES = {"audio_levels": 4, "audio_size": 256}
-TASKS = TaskWeights()  # both directions of each medium, equally often
+logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # no banner per Trainer
 
 
 def untrained(config: str, cls: type, **overrides: object) -> torch.nn.Module:
@@ -119,24 +119,27 @@ def write_corpus(folder: Path, images: int, clips: int) -> tuple[list[str], list
 # --- the pipelines ----------------------------------------------------------------------------------
 
 
-class RawDocuments:
-    """The `map` of the raw stream: a tar sample decoded (`zoo.media`) and made a document."""
+def paired_data(sources: list[PairedSource], model: UnifiedModel, workers: int) -> PairedDataModule:
+    """The datamodule `zoo fit` builds for `sources`, attached to `model` as fit attaches it (sizes, layout,
+    the code shards' fingerprint check), with the byte-level text tokenizer; both directions of each medium
+    equally often (the sources' default tasks)."""
+    dm = PairedDataModule(
+        sources, vocab=model.vocab, val_fraction=0.0, seq_len=SEQ_LEN, batch_size=BATCH, num_workers=workers,
+        shuffle_buffer=64,
+    )  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer.strategy.connect(UnifiedPretraining(model))
+    dm.trainer, dm.tokenizer = trainer, TextTokenizer.byte_level()
+    dm.setup("fit")
+    return dm
 
-    def __init__(self, documents: PairedDocuments, settings: DecodeSettings) -> None:
-        self.documents, self.settings = documents, settings
 
-    def __call__(self, sample: dict) -> Document:
-        record = tar_record(sample)
-        value = decode(record, self.settings)
-        media = AudioSegment(value) if record.kind == "audio" else VisualSegment(value)
-        epoch = sample["__epoch__"]
-        return self.documents(record.kind, record.text, media, record.source, record.key, epoch)[1]
-
-
-def deliver(dataset: StreamDataset, builder: SequenceBuilder, workers: int, model: UnifiedModel) -> dict:
-    """Documents/s and tokens/s of one epoch of `dataset`, each batch through `encode_media`."""
-    loader = StreamLoader(dataset, builder.collate, BATCH, num_workers=workers)
-    batches = iter(loader)
+def deliver(dm: PairedDataModule, model: UnifiedModel) -> dict:
+    """Documents/s and tokens/s of one epoch of `dm`, each batch through `encode_media`."""
+    batches = iter(dm.train_dataloader())
     with torch.no_grad():
         model.encode_media(next(batches))
         start, documents, tokens = time.perf_counter(), 0, 0
@@ -150,24 +153,25 @@ def deliver(dataset: StreamDataset, builder: SequenceBuilder, workers: int, mode
     return {"docs_per_s": documents / seconds, "tokens_per_s": tokens / seconds}
 
 
-def code_records(index: Path) -> list[CodeRecord]:
-    return [CodeRecord.from_sample(s) for shard in read_index(index) for s in TarSamples().read(shard.url, 0)]
+def training_batches(dm: PairedDataModule, count: int) -> list[GroupBatch]:
+    """`count` batches of `dm`, epoch after epoch."""
+    batches: list[GroupBatch] = []
+    for epoch in range(count):
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        batches += islice(loader, count - len(batches))
+        if len(batches) == count:
+            break
+    return batches
 
 
-def consume(preset: str, tokenizers: FrozenTokenizers, records: list[CodeRecord], steps: int) -> dict:
-    """Tokens/s and documents/s of training steps of `preset` on batches of code-shard documents."""
+def consume(preset: str, tokenizers: FrozenTokenizers, indexes: list[str], steps: int) -> dict:
+    """Tokens/s and documents/s of training steps of `preset` on batches of the code shards `indexes`."""
     overrides = SMALL_OVERRIDES if preset == "small" else {}
     torch.manual_seed(0)
     visual, audio = copy.deepcopy(tokenizers.visual), copy.deepcopy(tokenizers.audio)
     model = create_model(preset, visual_tokenizer=visual, audio_codec=audio, **overrides).train()
-    layout = MediaLayout.of(model)
-    documents = PairedDocuments(TextTokenizer.byte_level(), model.vocab, TASKS, 0.1, 0.0, 0, True)
-    make = CodeDocuments(documents, layout, SEQ_LEN)
-    builder = SequenceBuilder(model.vocab, SEQ_LEN, layout=layout)
-    batches = [
-        builder.collate([make.document(records[(k * BATCH + i) % len(records)], 0) for i in range(BATCH)])
-        for k in range(steps + 1)
-    ]
+    batches = training_batches(paired_data([CodeShardSource(indexes)], model, 0), steps + 1)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
     def step(batch: GroupBatch) -> None:
@@ -190,9 +194,6 @@ def consume(preset: str, tokenizers: FrozenTokenizers, records: list[CodeRecord]
 def measure_throughput(args: argparse.Namespace) -> dict[str, object]:
     result: dict[str, object] = {**machine_info(args.threads)}
     tokenizers = project_tokenizers()
-    settings = DecodeSettings(
-        image_size=tokenizers.visual.image_size, sample_rate=tokenizers.audio.sample_rate
-    )
     images, clips = args.throughput_samples, max(1, args.throughput_samples // 2)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         folder = Path(tmp)
@@ -203,35 +204,25 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, object]:
         tokenized = {}
         for name, urls in (("images", image_urls), ("speech", speech_urls)):
             tokenized[name] = tokenize_corpus(
-                urls, folder / f"codes-{name}", tokenizers, settings, num_workers=args.workers, progress=False
+                urls, folder / f"codes-{name}", tokenizers, num_workers=args.workers, progress=False
             )
         result["tokenize_images_per_s"] = round(tokenized["images"].images_per_second, 2)
         result["tokenize_audio_seconds_per_s"] = round(tokenized["speech"].audio_seconds_per_second, 2)
         result["tokenize_workers"] = args.workers
 
         model = create_model("tiny", visual_tokenizer=tokenizers.visual, audio_codec=tokenizers.audio).eval()
-        layout = MediaLayout.of(model)
-        builder = SequenceBuilder(model.vocab, SEQ_LEN, layout=layout)
-        documents = PairedDocuments(TextTokenizer.byte_level(), model.vocab, TASKS, 0.1, 0.0, 0, True)
-        code_urls = [s.url for n in tokenized for s in read_index(folder / f"codes-{n}" / "index.json")]
-        streams = {
-            "raw": (image_urls + speech_urls, RawDocuments(documents, settings)),
-            "shards": (code_urls, CodeDocuments(documents, layout, SEQ_LEN)),
-        }
+        indexes = [str(folder / f"codes-{n}" / "index.json") for n in tokenized]
         for workers in sorted({0, args.workers}):
-            for name, (urls, make) in streams.items():
+            streams = {"raw": TarSource(image_urls + speech_urls), "shards": CodeShardSource(indexes)}
+            for name, source in streams.items():
                 log(f"streaming {name} with {workers} workers")
-                dataset = StreamDataset(
-                    count_shards(urls, TarSamples()), TarSamples(), make, shuffle_buffer=64
-                )
-                for key, value in deliver(dataset, builder, workers, model).items():
+                for key, value in deliver(paired_data([source], model, workers), model).items():
                     result[f"{name}_w{workers}_{key}"] = round(value, 1)
 
-        records = [r for n in tokenized for r in code_records(folder / f"codes-{n}" / "index.json")]
-    for preset in args.presets:
-        log(f"training steps of {preset}")
-        for key, value in consume(preset, tokenizers, records, args.train_steps).items():
-            result[f"{preset}_train_{key}"] = round(value, 1)
+        for preset in args.presets:
+            log(f"training steps of {preset}")
+            for key, value in consume(preset, tokenizers, indexes, args.train_steps).items():
+                result[f"{preset}_train_{key}"] = round(value, 1)
     w = args.workers
     for preset in args.presets:
         consumed = result[f"{preset}_train_tokens_per_s"]

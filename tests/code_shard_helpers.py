@@ -1,6 +1,7 @@
 """What the pre-tokenization tests share: tiny untrained tokenizers saved as real files (configs and
 safetensors), a small paired corpus of real media files (PNG, JPEG, WAV, FLAC, MP4) in a jsonl manifest
-and in WebDataset tar shards, each with a few bad samples, and a unified model that holds the tokenizers.
+and in WebDataset tar shards, each with a few bad samples, a BPE text tokenizer (merges, so BPE-dropout
+has something to drop) and a unified model that holds the tokenizers.
 
 The tokenizers are random: codes need not be good, only the same on both paths.
 """
@@ -24,6 +25,7 @@ from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
 from zoo.pretokenize import FrozenTokenizers, load_component
 from zoo.tokenizers.audio import AudioCodec
+from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer
 from zoo.tokenizers.vocab import UnifiedVocab
@@ -31,7 +33,7 @@ from zoo.weights import save_weights_file
 
 SCALES = (1, 2, 4, 8)
 STRIDE = 2  # clips of 1 + 2 = 3 frames
-VOCAB = UnifiedVocab(text_size=256, visual_size=64, audio_size=32, audio_levels=2)
+VOCAB = UnifiedVocab(text_size=320, visual_size=64, audio_size=32, audio_levels=2)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ def write_tokenizers(folder: Path, seed: int = 0) -> TokenizerFiles:
     save_weights_file(visual, files.visual_weights)
     save_weights_file(audio, files.audio_weights)
     return files
+
+
+def write_text_tokenizer(path: Path, texts: list[str]) -> Path:
+    """A BPE tokenizer JSON trained on `texts` (repeated, so that their pairs merge)."""
+    TextTokenizer.train(texts * 4, vocab_size=VOCAB.text_size).save(path)
+    return path
 
 
 def unified_model(files: TokenizerFiles) -> UnifiedModel:

@@ -1,12 +1,18 @@
-"""Code shards into `UnifiedPretraining` as a specification (issue 14, item 3): for the same samples, the
-documents streamed from code shards equal the documents of the raw media they were made from, down to the
-codes the model's own tokenizers produce from those media; shards of other tokenizers are refused, naming
-both fingerprints; a short fit on code shards runs without the tokenizers' encoders ever running.
+"""Code shards into `UnifiedPretraining` as a specification (issue 14, item 3): `CodeShardSource` is a source
+of `PairedDataModule` like the raw ones, and for the same samples the documents of the code shards equal
+the documents of the raw media they were made from, epoch by epoch (the same task, caption dropping and
+BPE-dropout draws, layout and targets), down to the codes the model's own tokenizers produce from those
+media; raw and code sources mix in one datamodule; shards of other tokenizers are refused, naming both
+fingerprints; a short fit on code shards runs without the tokenizers' encoders ever running.
 
 Real files throughout (tests/code_shard_helpers.py): media, tar shards, `zoo tokenize`'s output.
 """
 
 from __future__ import annotations
+
+import json
+from itertools import islice
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -20,20 +26,28 @@ from code_shard_helpers import (
     TokenizerFiles,
     unified_model,
     write_corpus,
+    write_text_tokenizer,
     write_tokenizers,
 )
 
+from zoo.batch import GroupBatch
 from zoo.cli import main
-from zoo.datamodules.bad_samples import BadSample
+from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadSample, BadSamplePolicy
 from zoo.datamodules.code_records import CodeRecord
-from zoo.datamodules.code_shards import CodeDocuments, CodeShardsDataModule, check_record, model_fingerprints
+from zoo.datamodules.code_shards import CodeShardSource, check_record, model_fingerprints
+from zoo.datamodules.media_samples import PairedSample
+from zoo.datamodules.paired import PairedDataModule
+from zoo.datamodules.paired_documents import DocumentMaker, TaskWeights
 from zoo.datamodules.sequence import MediaLayout, SequenceBuilder
-from zoo.datamodules.shards import JsonlLines, TarSamples, read_index
-from zoo.datamodules.task_documents import PairedDocuments, TaskWeights, paired_document
+from zoo.datamodules.shards import TarSamples, read_index
+from zoo.datamodules.sources import ManifestSource, PairedSource, TarSource
 from zoo.models.unified import UnifiedModel
-from zoo.pretokenize.records import DecodeSettings, decode, manifest_record, tar_record
 from zoo.tasks.pretrain import UnifiedPretraining
 from zoo.tokenizers.text import TextTokenizer
+
+TASKS = TaskWeights(caption=0.5)  # every task of every medium
+LENIENT = BadSamplePolicy(max_bad_fraction=1.0, min_samples=1)
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +61,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
 
 
 @pytest.fixture(scope="module")
-def codes(files: TokenizerFiles, corpus: Corpus, tmp_path_factory: pytest.TempPathFactory):
+def codes(files: TokenizerFiles, corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("codes")
     inputs = [str(corpus.manifest), *map(str, corpus.shards)]
     main(["tokenize", *inputs, "--out", str(out), *files.args(), "--lines_per_shard", "5", "--quiet"])
@@ -59,101 +73,194 @@ def model(files: TokenizerFiles) -> UnifiedModel:
     return unified_model(files).eval()
 
 
+@pytest.fixture(scope="module")
+def text_tokenizer(codes: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One BPE tokenizer JSON for both paths: the same tokenizer is what makes the same caption ids."""
+    texts = [CodeRecord.from_sample(s).text for url in shard_urls(codes) for s in TarSamples().read(url, 0)]
+    return str(write_text_tokenizer(tmp_path_factory.mktemp("text") / "tokenizer.json", texts))
+
+
 def layout_of(model: UnifiedModel) -> MediaLayout:
     layout = MediaLayout.of(model)
     assert layout.visual_scales == SCALES and layout.temporal_stride == STRIDE
     return layout
 
 
-def shard_urls(out) -> list[str]:
+def shard_urls(out: Path) -> list[str]:
     return [s.url for s in read_index(out / "index.json")]
 
 
-def raw_media(record: CodeRecord, corpus: Corpus) -> torch.Tensor:
-    """The medium of the raw sample a record was made from, decoded as `zoo tokenize` decodes it."""
-    if record.source.endswith(".jsonl"):
-        sample = next(s for s in JsonlLines().read(record.source, 0) if s["__key__"] == record.key)
-        raw = manifest_record(sample)
-    else:
-        sample = next(s for s in TarSamples().read(record.source, 0) if s["__key__"] == record.key)
-        raw = tar_record(sample)
-    assert raw.text == record.text
-    return decode(raw, DecodeSettings(image_size=32, video_frames=1 + STRIDE, sample_rate=16000))
+def attached(dm: PairedDataModule, model: UnifiedModel, root: Path) -> PairedDataModule:
+    """`dm` as `zoo fit` sees it: with a trainer whose module holds `model` (sizes, layout, fingerprints)."""
+    trainer = L.Trainer(accelerator="cpu", default_root_dir=root, **QUIET)
+    trainer.strategy.connect(UnifiedPretraining(model))
+    dm.trainer = trainer
+    dm.setup("fit")
+    return dm
 
 
-def raw_segment(record: CodeRecord, corpus: Corpus):
-    from zoo.datamodules.sequence import AudioSegment, VisualSegment
+def paired(sources: list[PairedSource], tokenizer: str, **kw: object) -> PairedDataModule:
+    kw = {"vocab": VOCAB, "tokenizer": tokenizer, "val_fraction": 0.0, "seq_len": 512, "batch_size": 2,
+          "uncond_prob": 0.3, "bpe_dropout": 0.2, **kw}  # fmt: skip
+    return PairedDataModule(sources, **kw)
 
-    value = raw_media(record, corpus)
-    return AudioSegment(value) if record.kind == "audio" else VisualSegment(value)
+
+def by_identity(dm: PairedDataModule, epoch: int) -> dict[str, tuple]:
+    """identity -> (draw, document) of every good training sample of `dm` in `epoch`, read in file order
+    through the datamodule's own map."""
+    made, stream, documents = {}, dm.datasets["train"], dm.text_map("train")
+    for number, shard in enumerate(stream.shards):
+        for offset, sample in enumerate(islice(stream.format.read(shard.url, shard.start), shard.samples)):
+            sample.update(__index__=stream.starts[number] + offset, __epoch__=epoch)
+            try:
+                _, media, drawn = documents.draw(sample)
+                made[media.identity] = (drawn, documents(sample))
+            except SAMPLE_ERRORS:
+                continue  # a bad raw sample: zoo tokenize wrote no record of it
+    return made
 
 
-def test_code_shards_and_raw_media_give_the_same_documents_and_codes(model, files, corpus, codes):
-    documents = PairedDocuments(
-        TextTokenizer.byte_level(), VOCAB, TaskWeights(caption=0.5), 0.3, 0.1, 0, True
-    )
-    layout = layout_of(model)
-    stream = CodeDocuments(documents, layout, 512, model_fingerprints(model))
-    builder = SequenceBuilder(VOCAB, 512, layout=layout)
-    found = [CodeRecord.from_sample(s) for url in shard_urls(codes) for s in TarSamples().read(url, 0)]
-    assert len(found) == corpus.manifest_good + corpus.shard_good
-    tasks = set()
-    for epoch in range(3):
-        from_codes = [stream.document(r, epoch) for r in found]
-        from_raw = [
-            documents(r.kind, r.text, raw_segment(r, corpus), r.source, r.key, epoch)[1] for r in found
-        ]
-        tasks |= {documents(r.kind, r.text, r.segment(), r.source, r.key, epoch)[0] for r in found}
-        coded, raw = builder.collate(from_codes), builder.collate(from_raw)
-        for name in ("input_ids", "modality", "group_id", "doc_id", "positions"):
-            assert torch.equal(getattr(coded, name), getattr(raw, name)), name
-        assert torch.equal(coded.targets["text"], raw.targets["text"])
-        for key in ("visual_target", "audio_target", "audio_end"):
-            assert torch.equal(coded.payloads[key], raw.payloads[key]), key
-        with torch.no_grad():
-            media_codes, media_raw = model.encode_media(coded), model.encode_media(raw)
-        assert torch.equal(media_codes.visual.tokens, media_raw.visual.tokens)  # the model's own tokenizer
+def assert_same_batches(a: GroupBatch, b: GroupBatch, model: UnifiedModel) -> None:
+    """Same layout, texts and targets; the model's own tokenizers give the same codes from both."""
+    for name in ("input_ids", "modality", "group_id", "doc_id", "positions"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.targets.keys() == b.targets.keys()
+    assert all(torch.equal(a.targets[k], b.targets[k]) for k in a.targets)
+    for key in ("visual_target", "audio_target", "audio_end"):
+        assert (key in a.payloads) == (key in b.payloads), key
+        assert key not in a.payloads or torch.equal(a.payloads[key], b.payloads[key]), key
+    with torch.no_grad():
+        raw, coded = model.encode_media(a), model.encode_media(b)
+    if raw.visual is not None:
+        assert torch.equal(raw.visual.tokens, coded.visual.tokens)  # the model's own tokenizer
         # The inputs built from those codes agree to float rounding: NFSP computes them per item for given
         # codes and batched for pixels, and a batched conv rounds differently.
-        torch.testing.assert_close(
-            media_codes.visual.features, media_raw.visual.features, atol=1e-5, rtol=1e-4
-        )
-        assert torch.equal(media_codes.audio, media_raw.audio)
+        torch.testing.assert_close(raw.visual.features, coded.visual.features, atol=1e-5, rtol=1e-4)
+    assert (raw.audio is None) == (coded.audio is None)
+    assert raw.audio is None or torch.equal(raw.audio, coded.audio)
+
+
+# --- the same documents -----------------------------------------------------------------------------
+
+
+def test_a_manifest_read_raw_and_from_its_code_shards_gives_the_same_batches_epoch_by_epoch(
+    files, corpus, model, text_tokenizer, tmp_path
+):
+    media = corpus.manifest.parent / "media"
+    lines = [
+        {"image": str(media / "a.png"), "caption": "a red square"},
+        {"audio": str(media / "s.wav"), "text": "hello there"},
+        {"image": str(media / "b.jpg"), "caption": "a photo"},
+        {"video": str(media / "v.mp4"), "caption": "it moves"},
+        {"audio": str(media / "t.flac"), "caption": "a tone"},
+        {"image": str(media / "c.png"), "caption": "grey"},
+    ]
+    manifest = tmp_path / "pairs.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "codes"
+    main(["tokenize", str(manifest), "--out", str(out), *files.args(), "--quiet"])
+
+    raw = attached(paired([ManifestSource([str(manifest)], tasks=TASKS)], text_tokenizer), model, tmp_path)
+    coded = attached(paired([CodeShardSource([str(out / "index.json")], tasks=TASKS)], text_tokenizer),
+                     model, tmp_path)  # fmt: skip
+    plain = attached(paired([ManifestSource([str(manifest)], tasks=TASKS)], text_tokenizer, bpe_dropout=0.0),
+                     model, tmp_path)  # fmt: skip
+    tasks, dropped = set(), False
+    for epoch in range(3):
+        loaders = [dm.train_dataloader() for dm in (raw, coded, plain)]
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)
+        a, b, c = (list(loader) for loader in loaders)
+        assert len(a) == len(b) == len(lines) // 2
+        for x, y in zip(a, b, strict=True):
+            assert_same_batches(x, y, model)
+        dropped |= any(not torch.equal(x.input_ids, z.input_ids) for x, z in zip(a, c, strict=True))
+        draws = {k: drawn for k, (drawn, _) in by_identity(raw, epoch).items()}
+        assert draws == {k: drawn for k, (drawn, _) in by_identity(coded, epoch).items()}
+        assert len(draws) == len(lines)
+        tasks |= {drawn.task for drawn in draws.values()}
+    assert raw.bad_samples == coded.bad_samples == 0
+    assert coded.sources[0].expected == model_fingerprints(model)  # checked against the model
+    assert dropped, "BPE-dropout changed no caption"
     assert tasks >= {"text_to_image", "image_to_text", "text_to_audio", "audio_to_text"}
 
 
-def test_documents_have_the_shapes_of_the_shapes_world_tasks():
-    vocab, caption = VOCAB, [VOCAB.text_offset + 5, VOCAB.text_offset + 6]
+def test_code_shards_and_raw_media_give_the_same_draws_documents_and_codes(
+    model, corpus, codes, text_tokenizer, tmp_path
+):
+    shards = [str(p) for p in corpus.shards]
+    raw_sources = [ManifestSource([str(corpus.manifest)], tasks=TASKS), TarSource(shards, tasks=TASKS)]
+    raw = attached(paired(raw_sources, text_tokenizer), model, tmp_path)
+    coded = attached(paired([CodeShardSource([str(codes / "index.json")], tasks=TASKS)], text_tokenizer),
+                     model, tmp_path)  # fmt: skip
+    coded.sources[0].check_model(model, coded.layout)  # as its loaders do
+    builder = SequenceBuilder(VOCAB, 512, layout=layout_of(model))
+    tasks = set()
+    for epoch in range(3):
+        from_raw, from_codes = by_identity(raw, epoch), by_identity(coded, epoch)
+        assert len(from_codes) == corpus.manifest_good + corpus.shard_good
+        assert from_raw.keys() == from_codes.keys()
+        draws = [from_raw[k][0] for k in from_raw]
+        assert draws == [from_codes[k][0] for k in from_raw]  # task, caption dropped, dropout seed
+        tasks |= {drawn.task for drawn, _ in from_codes.values()}
+        a = builder.collate([from_raw[k][1] for k in from_raw])
+        b = builder.collate([from_codes[k][1] for k in from_raw])
+        assert_same_batches(a, b, model)
+    assert tasks >= {"text_to_image", "image_to_text", "text_to_audio", "audio_to_text"}
+
+
+def test_documents_of_code_records_have_the_shapes_of_the_shapes_world_tasks():
+    vocab, make = VOCAB, DocumentMaker(VOCAB, TextTokenizer.byte_level(), MediaLayout(), 512)
     image = CodeRecord("image", np.zeros(85, np.uint16), "x", "s", "k", "h", {}, SCALES).segment()
+    sample = PairedSample("s [k]", "ab", image, "s#k")
+    caption = make.ids("ab")
     bos, eos = vocab.bos_id, vocab.eos_id
-    generate = paired_document("text_to_image", caption, image, vocab)
+    generate = make(sample, "text_to_image")
     assert [type(s).__name__ for s in generate] == ["TextSegment", "VisualSegment", "TextSegment"]
     assert generate[0].ids == [bos, *caption] and not generate[0].predict and generate[1].predict
-    understand = paired_document("image_to_text", caption, image, vocab)
+    understand = make(sample, "image_to_text")
     assert understand[0].ids == [bos] and not understand[1].predict and understand[2].ids == [*caption, eos]
-    assert paired_document("text_to_image", caption, image, vocab, uncond=True)[0].ids == [bos]
-    with pytest.raises(ValueError, match="does not take a image"):
-        paired_document("audio_to_text", caption, image, vocab)
+    assert make(sample, "text_to_image", uncond=True)[0].ids == [bos]
+    with pytest.raises(ValueError, match="a image sample cannot make a audio_to_text document"):
+        make(sample, "audio_to_text")
+
+
+# --- raw and codes together; the model's tokenizers -----------------------------------------------------
+
+
+def test_raw_and_code_sources_mix_in_one_datamodule(model, corpus, codes, text_tokenizer, tmp_path):
+    sources: list[PairedSource] = [
+        ManifestSource([str(corpus.manifest)], tasks=TASKS),
+        CodeShardSource([str(codes / "index.json")]),
+    ]
+    dm = attached(paired(sources, text_tokenizer, batch_size=4, bad_samples=LENIENT), model, tmp_path)
+    payloads = set()
+    for batch in dm.train_dataloader():
+        payloads |= set(batch.payloads)
+        with torch.no_grad():
+            assert torch.isfinite(model(batch).loss)
+    assert {"visual_codes", "audio_codes"} <= payloads  # from the code shards
+    assert {"image_pixels", "audio_waves"} <= payloads  # from the raw manifest
+    assert dm.bad_samples == len(corpus.manifest_bad)  # the manifest's own; the code records are all good
 
 
 def trainer(root, steps: int = 3) -> L.Trainer:
-    quiet = dict(
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
-    )
     return L.Trainer(
         accelerator="cpu",
         max_steps=steps,
         limit_val_batches=1,
         val_check_interval=2,
         default_root_dir=root,
-        **quiet,
+        **QUIET,
     )
 
 
-def test_shards_of_other_tokenizers_are_refused_naming_both_fingerprints(files, codes, tmp_path):
+def test_shards_of_other_tokenizers_are_refused_naming_both_fingerprints(
+    files, codes, text_tokenizer, tmp_path
+):
     other = unified_model(write_tokenizers(tmp_path / "other", seed=1))
-    data = CodeShardsDataModule(
-        [str(codes / "index.json")], vocab=VOCAB, layout=layout_of(other), seq_len=256
+    data = PairedDataModule(
+        [CodeShardSource([str(codes / "index.json")])], vocab=VOCAB, tokenizer=text_tokenizer, seq_len=256
     )
     mine, theirs = model_fingerprints(unified_model(files)), model_fingerprints(other)
     with pytest.raises(ValueError, match="refusing the code shard") as error:
@@ -178,18 +285,18 @@ class NeverRuns(torch.nn.Module):
 
 
 def test_unified_pretraining_fits_on_code_shards_without_running_the_tokenizers(
-    files, corpus, codes, tmp_path
+    files, corpus, codes, text_tokenizer, tmp_path
 ):
     model = unified_model(files)
     visual_calls, audio_calls = (
         NeverRuns(model.visual_tokenizer.encoder),
         NeverRuns(model.audio_codec.encoder),
     )
-    index = [str(codes / "index.json")]
-    data = CodeShardsDataModule(
-        index,
+    source = CodeShardSource([str(codes / "index.json")])
+    data = PairedDataModule(
+        [source],
         vocab=VOCAB,
-        layout=layout_of(model),
+        tokenizer=text_tokenizer,
         seq_len=256,
         batch_size=2,
         val_fraction=0.2,
@@ -200,7 +307,8 @@ def test_unified_pretraining_fits_on_code_shards_without_running_the_tokenizers(
     fit.fit(task, datamodule=data)
     assert fit.global_step == 3
     assert torch.isfinite(fit.callback_metrics["val_loss"])
-    assert data.expected == model_fingerprints(model)
+    assert source.expected == model_fingerprints(model)
+    assert data.layout == layout_of(model)
     assert visual_calls.calls == audio_calls.calls == 0
     assert data.bad_samples == 0
 

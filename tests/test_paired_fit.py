@@ -1,10 +1,12 @@
-"""Paired data through the command line (issue 14, items 1 and 7): every shipped paired config reads the files
-its placeholders name (written here) into batches the configured model takes, and `zoo fit` on a tiny manifest
-with a tiny untrained visual tokenizer and audio codec trains, checkpoints mid-epoch and resumes, with the
-tokenizer it trained coming back from the checkpoint, and `zoo predict` answers from the checkpoint."""
+"""Paired data through the command line (issue 14, items 1, 3 and 7): every shipped paired config reads the
+files its placeholders name (written here: media, or code shards of the configured model's own visual
+tokenizer) into batches the configured model takes, and `zoo fit` on a tiny manifest with a tiny untrained
+visual tokenizer and audio codec trains, checkpoints mid-epoch and resumes, with the tokenizer it trained
+coming back from the checkpoint, and `zoo predict` answers from the checkpoint."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -14,10 +16,13 @@ from paired_corpus import corpus, write_interleaved, write_manifest, write_tar
 from test_configs import cli_args, deep_merge, load, provide_weight_files
 
 from zoo.cli import ZooCLI, main
+from zoo.datamodules.code_shards import CodeShardSource
 from zoo.datamodules.paired import PairedDataModule
 from zoo.datamodules.shards import expand
 from zoo.datamodules.sources import ManifestSource, TarSource
 from zoo.hub import TOKENIZER_KEY
+from zoo.models.unified import UnifiedModel
+from zoo.pretokenize import FrozenTokenizers, tokenize_corpus
 from zoo.tokenizers.text import TextTokenizer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -27,7 +32,10 @@ PAIRED = {  # config -> what its placeholder files hold (images, audio, videos p
     "data/speech_text.yaml": (0, 3, 0),
     "data/video_text.yaml": (0, 0, 2),
     "data/interleaved.yaml": None,
+    "data/code_shards.yaml": (4, 0, 0),  # tokenized: the untrained codec's k-means never ran, so images only
 }
+PIXELS = ("image_pixels", "video_pixels", "audio_waves")
+CODES = ("visual_codes", "audio_codes")
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +43,9 @@ def clean_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.argv", ["zoo"])
 
 
-def write_placeholders(dm: PairedDataModule, folder: Path, content: tuple[int, int, int] | None) -> None:
+def write_placeholders(
+    dm: PairedDataModule, model: UnifiedModel, folder: Path, content: tuple[int, int, int] | None
+) -> None:
     """Real files wherever the config's sources point (relative paths: under the run folder)."""
     for source in dm.sources:
         if isinstance(source, ManifestSource):
@@ -45,6 +55,12 @@ def write_placeholders(dm: PairedDataModule, folder: Path, content: tuple[int, i
                     interleaved.rename(path)
                 else:
                     write_manifest(path.parent, corpus(folder, *content), name=path.name)
+        elif isinstance(source, CodeShardSource):
+            (index,) = map(Path, source.shards)
+            manifest = write_manifest(folder / "raw", corpus(folder, *content))
+            frozen = FrozenTokenizers(copy.deepcopy(model.visual_tokenizer), None)
+            tokenize_corpus([str(manifest)], index.parent, frozen, progress=False)
+            assert index.is_file()
         else:
             assert isinstance(source, TarSource)
             for number, path in enumerate(map(Path, expand(source.shards))):
@@ -65,15 +81,16 @@ def test_every_paired_config_reads_its_files_into_batches_its_model_takes(
     cli = ZooCLI(args=args, run=False)
     dm = cli.datamodule
     assert isinstance(dm, PairedDataModule) and dm.sources
-    write_placeholders(dm, tmp_path, PAIRED[name])
+    model = cli.model.model
+    write_placeholders(dm, model, tmp_path, PAIRED[name])
     cli.trainer.strategy.connect(cli.model)  # what fit does: the datamodule reads the model's sizes
     dm.trainer = cli.trainer
     dm.setup("fit")
-    model = cli.model.model
     assert dm.spec.image_size == model.visual_tokenizer.image_size
     batch = next(iter(dm.train_dataloader()))
     assert dm.bad_samples == 0
-    kinds = {k for k in ("image_pixels", "video_pixels", "audio_waves") if k in batch.payloads}
+    coded = any(isinstance(s, CodeShardSource) for s in dm.sources)
+    kinds = {k for k in (CODES if coded else PIXELS) if k in batch.payloads}
     assert kinds, "a paired batch holds media"
     if "video_pixels" in kinds:
         assert batch.payloads["video_pixels"].shape[1:] == (3, dm.video_frames, 32, 32)

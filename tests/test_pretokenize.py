@@ -179,7 +179,7 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from code_shard_helpers import TokenizerFiles
-from zoo.pretokenize.command import decode_settings, load_tokenizers, parser
+from zoo.pretokenize.command import load_tokenizers, media_spec, parser
 from zoo.pretokenize.run import tokenize_corpus
 
 args = parser().parse_args(sys.argv[1:])
@@ -188,9 +188,8 @@ def hang(samples):
         Path(args.out, "hung").write_text(str(samples))
         time.sleep(600)
 tokenizers = load_tokenizers(args)
-settings = decode_settings(args, tokenizers)
-tokenize_corpus(args.inputs, args.out, tokenizers, settings, batch_size=args.batch_size, num_workers=0,
-                lines_per_shard=args.lines_per_shard, progress=False, on_batch=hang)
+tokenize_corpus(args.inputs, args.out, tokenizers, media_spec(args), batch_size=args.batch_size,
+                num_workers=0, lines_per_shard=args.lines_per_shard, progress=False, on_batch=hang)
 """
 
 

@@ -3,7 +3,7 @@
 Pre-tokenized code shards (`zoo tokenize`) are only valid for the tokenizer that wrote them: codes of
 another codebook look just as plausible and train a model on nonsense. So every code record carries the
 fingerprint of the tokenizer that made it, and a datamodule refuses records whose fingerprint differs from
-the model's own tokenizer (`zoo.datamodules.code_shards`).
+the model's own tokenizer (`zoo.datamodules.code_shards.CodeShardSource`).
 
 The hash covers the constructor configuration (`zoo.config.to_config`; the `weights` path is recorded as
 None, so where the weights were read from does not matter) and every entry of the state dict (parameters

@@ -1,5 +1,5 @@
 """The code record: one pre-tokenized sample as `zoo tokenize` writes it into a WebDataset tar shard and
-`CodeShardsDataModule` reads it back (REFERENCES.md Part C, sections 1 and 5).
+`CodeShardSource` reads it back (REFERENCES.md Part C, sections 1 and 5).
 
 A record is three tar members sharing a key (keys never hold a dot: webdataset splits a name at its first):
 
@@ -8,8 +8,9 @@ A record is three tar members sharing a key (keys never hold a dot: webdataset s
     <key>.txt    the caption, raw UTF-8 (tokenized at load time, so BPE-dropout still draws per epoch)
     <key>.json   what the codes are: {"format", "kind", "source", "key", "codes": {shape, scales, frames,
                  ...}, "tokenizer": {"name", "hash", "config"}}: the medium's kind, where the sample came
-                 from (its input file and key there), the scale schedule, and the fingerprint and
-                 configuration of the tokenizer that made the codes (`zoo.fingerprint`)
+                 from (its input file and key there, which make the sample's identity: `sample_id`),
+                 the scale schedule, and the fingerprint and configuration of the tokenizer that made
+                 the codes (`zoo.fingerprint`)
 
 Codes are the tokenizer's own ids, not unified-vocabulary ids: the offset into `UnifiedVocab` is applied by
 the model, so one shard serves any vocabulary layout. No pickle anywhere (no .pyd / .pth members).

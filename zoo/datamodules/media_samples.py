@@ -7,15 +7,21 @@ touching the documents:
         model's sizes (pixels, waves), or already codes (`VisualSegment(codes=)`, `AudioSegment(codes=)`)
     (b) a media sample + a task  ->  a `Document` (`zoo.datamodules.paired_documents.DocumentMaker`)
 
-This module holds the two kinds of media sample and `MediaSpec`, the decoding settings of stage (a). A
-media sample carries its media as segments; their `predict` flags mean nothing here: stage (b) sets them
-from the task.
+This module holds the two kinds of media sample, `MediaSpec` (the decoding settings of stage (a), shared
+by `PairedDataModule` and `zoo tokenize`) and `sample_id`. A media sample carries its media as segments;
+their `predict` flags mean nothing here: stage (b) sets them from the task.
+
+A sample's identity (`sample_id`) is the name of the file that holds it and its key there: a sample read raw
+from a manifest line or a tar member, and its code record that `zoo tokenize` wrote (which records both),
+have the same identity, so the per-epoch draws of stage (b) (task, caption dropping, BPE-dropout) that key
+on it give both the same document.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from pathlib import PurePosixPath
+from typing import Any, Literal
 
 from zoo.datamodules.bad_samples import BadSample
 from zoo.datamodules.sequence import AudioSegment, VisualSegment
@@ -72,9 +78,14 @@ class MediaSpec:
     def resolved_for(self, model: object | None) -> MediaSpec:
         """Every `None` size filled from `model` (a `UnifiedModel`, or None for the defaults); a size given
         here that differs from the model's tokenizer is refused, naming both."""
-        visual = getattr(model, "visual_tokenizer", None)
-        codec = getattr(model, "audio_codec", None)
-        encoder = getattr(model, "vision_encoder", None)
+        return self.resolved(
+            getattr(model, "visual_tokenizer", None),
+            getattr(model, "audio_codec", None),
+            getattr(model, "vision_encoder", None),
+        )
+
+    def resolved(self, visual: Any, codec: Any, encoder: Any = None) -> MediaSpec:
+        """`resolved_for` from the components themselves (`zoo tokenize` has tokenizers, not a model)."""
         stride = visual.temporal_stride if visual is not None and visual.temporal else 4
         wanted = {
             "image_size": getattr(visual, "image_size", None) or getattr(encoder, "image_size", None),
@@ -95,14 +106,22 @@ class MediaSpec:
         )
 
 
+def sample_id(source: str, key: str) -> str:
+    """A sample's identity for its draws: the name of the file that holds it (not its folder, which moves
+    between machines) and its key there (a tar key, or `line N` of a manifest)."""
+    return f"{PurePosixPath(str(source)).name}#{key}"
+
+
 @dataclass(frozen=True)
 class PairedSample:
     """A text and one medium: an image or a video (`VisualSegment`, pixels or codes) or a clip of audio
-    (`AudioSegment`, wave or codes). `name` is where the sample lives (file and key), for messages."""
+    (`AudioSegment`, wave or codes). `name` is where the sample lives (file and key), for messages;
+    `identity` what its draws key on (`sample_id`; every source sets it)."""
 
     name: str
     caption: str
     media: Media
+    identity: str = ""
 
     @property
     def kind(self) -> SampleKind:
@@ -113,10 +132,12 @@ class PairedSample:
 
 @dataclass(frozen=True)
 class InterleavedSample:
-    """Texts and media in document order (a web page with its pictures, a story with its clips)."""
+    """Texts and media in document order (a web page with its pictures, a story with its clips); `name`
+    and `identity` as for `PairedSample`."""
 
     name: str
     parts: tuple[str | Media, ...]
+    identity: str = ""
 
     @property
     def kind(self) -> SampleKind:

@@ -1,12 +1,19 @@
 """Real paired media for the unified model: captioned images, captioned videos, transcribed speech and
-interleaved documents from jsonl manifests and WebDataset shards, streamed (issue 14, items 1, 5 and 7).
+interleaved documents from jsonl manifests, WebDataset shards and pre-tokenized code shards, streamed
+(issue 14, items 1, 3, 5 and 7).
 
-    sources (`zoo.datamodules.sources`)  ->  each source's share of the epoch (`zoo.datamodules.mixture`)
+    sources (`zoo.datamodules.sources`: raw media; `zoo.datamodules.code_shards`: `zoo tokenize`'s codes)
+      ->  each source's share of the epoch (`zoo.datamodules.mixture`)
       ->  the streaming core (`zoo.datamodules.streaming`): exact rank/worker split, shuffle buffer, resume
-      ->  in the worker, `PairedMap`: (a) the record's source decodes it to a media sample at the model's
-          sizes, the sample's task is drawn from (seed, epoch, stream index), (b) `DocumentMaker` makes the
-          task's document, ShapesWorld's shape (`zoo.datamodules.paired_documents`)
+      ->  in the worker, `PairedMap`: (a) the record's source decodes it to a media sample (pixels and waves
+          at the model's sizes, or codes), (b) the sample's task, caption dropping and BPE-dropout seed are
+          drawn from (seed, epoch, the sample's identity) and `DocumentMaker` makes the task's document,
+          ShapesWorld's shape (`zoo.datamodules.paired_documents`)
       ->  bad samples (`BadSample`, `MediaError`) replaced, counted, named; batches packed by the builder.
+
+Raw and code sources mix freely in one datamodule. Because the draws key on the sample's identity (its
+file's name and key, which a code record keeps), not on its place in the stream, a corpus read raw and the
+code shards `zoo tokenize` made of it give the same documents (with the same text tokenizer).
 
 Sizes come from the model: at setup the datamodule reads the trainer's `UnifiedModel` (its visual
 tokenizer's image size and temporal stride, its codec's rate and hop, its vision encoder's grid) for every
@@ -27,16 +34,17 @@ from torch.utils.data import DataLoader
 
 from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadSamplePolicy
 from zoo.datamodules.documents import DocumentDataModule
+from zoo.datamodules.loaders import ReportingLoader
 from zoo.datamodules.media_samples import MediaSample, MediaSpec, PairedSample, decode_media
 from zoo.datamodules.mixture import SourcePart, describe_mixture, held_out_tail, weighted_part
 from zoo.datamodules.paired_documents import (
     GENERATION,
     UNDERSTANDING,
     DocumentMaker,
+    Draw,
     InterleavedMedia,
     MediaSupport,
-    draw_task,
-    draws_uncond,
+    draw,
 )
 from zoo.datamodules.sequence import Document, MediaLayout
 from zoo.datamodules.shards import SampleFormat, Shard
@@ -49,7 +57,6 @@ if TYPE_CHECKING:  # the task layer imports datamodules; only the annotation poi
     from zoo.tasks.multimodal_eval import MediaRequest
 
 log = logging.getLogger(__name__)
-GUIDED = ("text_to_image", "text_to_video")  # the tasks whose captions drop out for classifier-free guidance
 
 
 class SourceFormats:
@@ -68,10 +75,12 @@ class SourceFormats:
 class PairedMap:
     """The `map` of a paired stream, run in the workers (picklable): record -> media sample -> Document.
 
-    The sample's source is found from its stream index (sources' ranges are laid out in order); its task
-    is drawn from (seed, epoch, index) among the tasks its media, its source and the model allow, and a
-    guided generation document drops its caption with probability `uncond_prob` (training only).
-    Evaluation draws as in epoch 0, so validation documents are the same every epoch.
+    The sample's source is found from its stream index (sources' ranges are laid out in order). Its draws
+    (`paired_documents.draw`) key on (seed, epoch, the sample's identity): the task among those its media,
+    its source and the model allow; for a guided generation document, whether its caption drops out
+    (probability `uncond_prob`); the seed of its texts' BPE-dropout. Evaluation draws as in epoch 0, with
+    no caption dropping and no dropout, so validation documents are the same every epoch. A sample that a
+    weight above 1 reads several times an epoch draws anew at each reading after the first.
     """
 
     def __init__(
@@ -87,25 +96,35 @@ class PairedMap:
     ) -> None:
         self.sources, self.spec, self.maker, self.supported = sources, spec, maker, supported
         self.starts = [0, *accumulate(p.samples for p in parts)][:-1]
+        self.sizes = [p.size for p in parts]
         self.seed, self.uncond_prob, self.train = seed, uncond_prob, train
 
-    def source_of(self, index: int) -> PairedSource:
-        return self.sources[bisect.bisect_right(self.starts, index) - 1]
-
     def __call__(self, sample: dict) -> Document:
+        source, media, drawn = self.draw(sample)
+        seed = drawn.text_seed if self.train else None
+        return self.maker(media, drawn.task, source.prompts.of(drawn.task), drawn.uncond, seed)
+
+    def draw(self, sample: dict) -> tuple[PairedSource, MediaSample, Draw]:
+        """Stage (a) of one record, and the draws of its sample."""
         index, epoch = int(sample["__index__"]), int(sample["__epoch__"]) if self.train else 0
-        source = self.source_of(index)
+        number = bisect.bisect_right(self.starts, index) - 1
+        source = self.sources[number]
         media = source.decode(sample, self.spec)
-        task = draw_task(media, source.tasks, self.supported, self.seed, epoch, index)
-        uncond = self.train and task in GUIDED and draws_uncond(self.uncond_prob, self.seed, epoch, index)
-        return self.maker(media, task, source.prompts.of(task), uncond)
+        if not media.identity:
+            raise RuntimeError(f"{type(source).__name__}.decode gave {media.name} no identity (sample_id)")
+        reading = (index - self.starts[number]) // self.sizes[number]  # a weight's whole passes come first
+        key = media.identity if reading == 0 else f"{media.identity}/{reading}"
+        drawn = draw(media, source.tasks, self.supported, self.uncond_prob if self.train else 0.0,
+                     self.seed, epoch, key)  # fmt: skip
+        return source, media, drawn
 
 
 class PairedDataModule(DocumentDataModule):
     """Paired and interleaved real media from several weighted sources as documents (module docstring).
 
     Args:
-        sources: the training sources (`ManifestSource`, `TarSource`), mixed by their weights.
+        sources: the training sources (`ManifestSource`, `TarSource`, `CodeShardSource`), mixed by their
+            weights.
         val_sources: validation sources, each sample once; None: the tail of every training source.
         val_fraction: without `val_sources`, the share of each training source held out for validation
             (its last samples; 0: no validation).
@@ -114,6 +133,8 @@ class PairedDataModule(DocumentDataModule):
         media: how media are decoded and sized (`MediaSpec`; None sizes come from the model).
         uncond_prob: share of text_to_image / text_to_video training documents whose caption (and prompt)
             is dropped, for classifier-free guidance.
+        bpe_dropout: BPE-dropout probability of training captions and texts (0: none), seeded per sample
+            and epoch.
         image_context: image_to_text reads images through the vision encoder instead of as codes.
         interleaved_media: media inside interleaved documents are "input" (understood) or "predict"
             (generated in place).
@@ -141,6 +162,7 @@ class PairedDataModule(DocumentDataModule):
         layout: MediaLayout | None = None,
         media: MediaSpec = MediaSpec(),
         uncond_prob: float = 0.1,
+        bpe_dropout: float = 0.0,
         image_context: bool = False,
         interleaved_media: InterleavedMedia = "input",
         tokenizer: str | None = None,
@@ -156,9 +178,9 @@ class PairedDataModule(DocumentDataModule):
         predict_captions: list[str] | None = None,
         predict_files: list[str] | None = None,
     ) -> None:
-        super().__init__(vocab, seq_len, batch_size, 0.0, False, num_workers, seed, None, bad_samples)
+        super().__init__(vocab, seq_len, batch_size, bpe_dropout, False, num_workers, seed, None, bad_samples)
         if not sources:
-            raise ValueError("sources is empty: give at least one ManifestSource or TarSource")
+            raise ValueError("sources is empty: give a ManifestSource, TarSource or CodeShardSource")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
         if not 0.0 <= uncond_prob < 1.0:
@@ -209,6 +231,17 @@ class PairedDataModule(DocumentDataModule):
         self.resolve_media(self.trainer_model())
         super().setup(stage)
 
+    def _loader(self, split: str) -> ReportingLoader:
+        self.check_sources()
+        return super()._loader(split)
+
+    def check_sources(self) -> None:
+        """Every source checked against the model (code shards of other tokenizers are refused). Called when
+        loaders are built, not in setup: a checkpoint's weights (the tokenizers' too) arrive in between."""
+        model = self.trainer_model()
+        for source in dict.fromkeys([*self.sources, *self.val_sources]):
+            source.check_model(model, self.layout)
+
     # -- splits: sources, their parts of the epoch -------------------------------------------------
     def splits(self) -> dict[str, tuple[list[PairedSource], list[SourcePart]]]:
         """Per split, its sources and their ranges (counted once: a scan of local files, or their index)."""
@@ -250,26 +283,27 @@ class PairedDataModule(DocumentDataModule):
             bad_samples=self.bad_sample_policy,
         )
 
-    def maker(self) -> DocumentMaker:
+    def maker(self, dropout: float = 0.0) -> DocumentMaker:
         assert self.tokenizer is not None
         return DocumentMaker(
             self.vocab, self.tokenizer, self.layout, self.builder.seq_len, self.image_context,
-            self.interleaved_media, self.support,
+            self.interleaved_media, self.support, dropout,
         )  # fmt: skip
 
     def text_map(self, split: str) -> PairedMap:  # type: ignore[override]
         """The stream's `map`, built when a loader is (so it holds the current tokenizer: a checkpoint's
         tokenizer arrives after setup)."""
         sources, parts = self.splits()[split]
+        train = split == "train"
         return PairedMap(
             sources,
             parts,
             self.spec,
-            self.maker(),
+            self.maker(self.bpe_dropout if train else 0.0),
             self.supported,
             self.seed,
             self.uncond_prob,
-            split == "train",
+            train,
         )
 
     # -- the tokenizer -----------------------------------------------------------------------------
@@ -311,6 +345,7 @@ class PairedDataModule(DocumentDataModule):
 
         if self.tokenizer is None:
             self.setup("predict")
+        self.check_sources()
         maker, requests = self.maker(), []
         for name, sample in self.predict_val_samples():
             if isinstance(sample, str):  # why the sample could not be read (its kind is unknown)

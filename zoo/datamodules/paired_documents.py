@@ -20,6 +20,11 @@ it with the caption, since generation's unconditional prompt is `<bos> <boi>`.
 
 `DocumentMaker` accepts media as pixels and waves or as codes alike (`VisualSegment(codes=...)`,
 `AudioSegment(codes=...)`); only `image_context` needs pixels (the vision encoder reads them).
+
+What a sample is in an epoch (`draw`: its task, whether its caption drops out, the seed of its captions'
+BPE-dropout) is a function of (seed, epoch, the sample's key) alone. The key is the sample's identity
+(`zoo.datamodules.media_samples.sample_id`: its file's name and its key there), never its place in a stream,
+so that a sample read from raw media and its code record from `zoo tokenize` make the same document.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ TASKS_OF_KIND: dict[SampleKind, tuple[str, ...]] = {
     "audio": ("caption", "text_to_audio", "audio_to_text"),
     "interleaved": ("interleaved",),
 }
+GUIDED = ("text_to_image", "text_to_video")  # the tasks whose captions drop out for classifier-free guidance
 OPENERS = {"text_to_image": "<boi>", "text_to_video": "<bov>", "text_to_audio": "<boa>"}
 InterleavedMedia = Literal["input", "predict"]
 
@@ -122,6 +128,19 @@ class MediaSupport:
             context=getattr(model, "vision_encoder", None) is not None,
         )
 
+    def check(self, media: Media, where: str, as_context: bool = False) -> None:
+        """`BadSample` naming `where` when these media cannot take `media` (as a context image)."""
+        if isinstance(media, AudioSegment):
+            ok, what = self.audio, "audio (there is no audio codec)"
+        elif media.is_video:
+            ok, what = self.video, "video (there is no causal 3D visual tokenizer)"
+        elif as_context:
+            ok, what = self.context, "context images (there is no vision encoder)"
+        else:
+            ok, what = self.image, "images (there is no visual tokenizer)"
+        if not ok:
+            raise BadSample(f"{where}: cannot take {what}")
+
     def tasks(self, image_context: bool) -> frozenset[str]:
         """The tasks a model with these media can train."""
         tasks = {"caption", "interleaved"}
@@ -136,10 +155,35 @@ class MediaSupport:
         return frozenset(tasks)
 
 
+@dataclass(frozen=True)
+class Draw:
+    """What a sample is in one epoch: its task, whether its caption is dropped (guidance), the seed of its
+    texts' BPE-dropout."""
+
+    task: str
+    uncond: bool
+    text_seed: int
+
+
+def draw(
+    sample: MediaSample,
+    weights: TaskWeights,
+    supported: frozenset[str],
+    uncond_prob: float,
+    seed: int,
+    epoch: int,
+    key: object,
+) -> Draw:
+    """The draws of the sample keyed `key` (its identity) in `epoch` (module docstring)."""
+    task = draw_task(sample, weights, supported, seed, epoch, key)
+    uncond = task in GUIDED and draws_uncond(uncond_prob, seed, epoch, key)
+    return Draw(task, uncond, random.Random(f"zoo.paired.text/{seed}/{epoch}/{key}").getrandbits(31))
+
+
 def draw_task(
-    sample: MediaSample, weights: TaskWeights, supported: frozenset[str], seed: int, epoch: int, index: int
+    sample: MediaSample, weights: TaskWeights, supported: frozenset[str], seed: int, epoch: int, key: object
 ) -> str:
-    """The task of stream sample `index` in `epoch`, a function of (seed, epoch, index) and the weights of
+    """The task of the sample keyed `key` in `epoch`, a function of (seed, epoch, key) and the weights of
     the tasks the sample's media and the model allow; `BadSample` when none has a positive weight."""
     names = [t for t in TASKS_OF_KIND[sample.kind] if t in supported and weights.of(t) > 0]
     if not names:
@@ -149,19 +193,18 @@ def draw_task(
             f"model supports ({possible}); "
             "give one a positive weight in the source's `tasks`, or a model with that tokenizer"
         )
-    rng = random.Random(f"zoo.paired.task/{seed}/{epoch}/{index}")
+    rng = random.Random(f"zoo.paired.task/{seed}/{epoch}/{key}")
     return rng.choices(names, weights=[weights.of(t) for t in names])[0]
 
 
-def draws_uncond(probability: float, seed: int, epoch: int, index: int) -> bool:
-    """Whether a generation document drops its caption (for guidance), per (seed, epoch, index)."""
-    return (
-        probability > 0 and random.Random(f"zoo.paired.uncond/{seed}/{epoch}/{index}").random() < probability
-    )
+def draws_uncond(probability: float, seed: int, epoch: int, key: object) -> bool:
+    """Whether a generation document drops its caption (for guidance), per (seed, epoch, key)."""
+    return probability > 0 and random.Random(f"zoo.paired.uncond/{seed}/{epoch}/{key}").random() < probability
 
 
 class DocumentMaker:
-    """Stage (b): `maker(sample, task, prompt="", uncond=False) -> Document` (module docstring).
+    """Stage (b): `maker(sample, task, prompt="", uncond=False, text_seed=None) -> Document` (module
+    docstring).
 
     Args:
         vocab: the unified vocabulary (special tokens, text offset).
@@ -173,6 +216,8 @@ class DocumentMaker:
         interleaved_media: media inside interleaved documents are "input" (understood: codes, or context
             images) or "predict" (generated in place: their codes are targets).
         support: the media the model takes; a part it cannot take is a `BadSample`.
+        dropout: BPE-dropout probability of the sample's texts (captions, interleaved texts; never prompts),
+            applied when a call gives `text_seed` (training).
     """
 
     def __init__(
@@ -184,27 +229,40 @@ class DocumentMaker:
         image_context: bool = False,
         interleaved_media: InterleavedMedia = "input",
         support: MediaSupport = MediaSupport(),
+        dropout: float = 0.0,
     ) -> None:
         if interleaved_media not in ("input", "predict"):
             raise ValueError(f"interleaved_media must be 'input' or 'predict', got {interleaved_media!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
         self.vocab, self.tokenizer, self.layout, self.seq_len = vocab, tokenizer, layout, seq_len
         self.image_context, self.interleaved_media, self.support = image_context, interleaved_media, support
+        self.dropout = dropout
 
-    def __call__(self, sample: MediaSample, task: str, prompt: str = "", uncond: bool = False) -> Document:
+    def __call__(
+        self,
+        sample: MediaSample,
+        task: str,
+        prompt: str = "",
+        uncond: bool = False,
+        text_seed: int | None = None,
+    ) -> Document:
         if task not in PAIRED_TASKS:
             raise ValueError(f"unknown task {task!r}; known: {', '.join(PAIRED_TASKS)}")
         if task not in TASKS_OF_KIND[sample.kind]:
             raise ValueError(f"{sample.name}: a {sample.kind} sample cannot make a {task} document")
         if isinstance(sample, InterleavedSample):
-            document = self.interleaved(sample, prompt)
+            document = self.interleaved(sample, prompt, text_seed)
         else:
-            document = self.paired(sample, task, prompt, uncond)
+            document = self.paired(sample, task, prompt, uncond, text_seed)
         self.check_length(document, sample.name, task)
         return document
 
     # -- the shapes -------------------------------------------------------------------------------
-    def ids(self, text: str) -> list[int]:
-        return self.vocab.text_to_unified(self.tokenizer.encode(text)).tolist()
+    def ids(self, text: str, seed: int | None = None) -> list[int]:
+        """Unified ids of `text`; with a `seed` and `dropout`, a BPE-dropout segmentation drawn from it."""
+        dropout = self.dropout if seed is not None and self.dropout > 0 else None
+        return self.vocab.text_to_unified(self.tokenizer.encode(text, dropout=dropout, seed=seed)).tolist()
 
     def opening(self, prompt: str) -> TextSegment:
         """`<bos>` and the prompt, never predicted (exactly ShapesWorld's `<bos>` when there is no prompt)."""
@@ -212,8 +270,10 @@ class DocumentMaker:
             return TextSegment([self.vocab.bos_id])
         return TextSegment([self.vocab.bos_id, *self.ids(prompt)], predict=False)
 
-    def paired(self, sample: PairedSample, task: str, prompt: str, uncond: bool) -> Document:
-        vocab, caption = self.vocab, self.ids(sample.caption)
+    def paired(
+        self, sample: PairedSample, task: str, prompt: str, uncond: bool, text_seed: int | None
+    ) -> Document:
+        vocab, caption = self.vocab, self.ids(sample.caption, text_seed)
         eos = TextSegment([vocab.eos_id])
         if task == "caption":
             if not prompt:
@@ -229,14 +289,15 @@ class DocumentMaker:
             TextSegment([*caption, vocab.eos_id]),
         ]
 
-    def interleaved(self, sample: InterleavedSample, prompt: str) -> Document:
+    def interleaved(self, sample: InterleavedSample, prompt: str, text_seed: int | None) -> Document:
         if not any(isinstance(p, str) for p in sample.parts):
             raise BadSample(f"{sample.name}: an interleaved document needs at least one text part")
         predict = self.interleaved_media == "predict"
         document: list[Segment] = [self.opening(prompt)]
-        for part in sample.parts:
+        for number, part in enumerate(sample.parts):
             if isinstance(part, str):
-                document.append(TextSegment(self.ids(part)))
+                seed = None if text_seed is None else text_seed + number  # each text its own segmentation
+                document.append(TextSegment(self.ids(part, seed)))
             else:
                 document.append(self.media(part, predict, sample.name, context=not predict))
         return [*document, TextSegment([self.vocab.eos_id])]
@@ -244,7 +305,7 @@ class DocumentMaker:
     def media(self, media: Media, predict: bool, where: str, context: bool = False) -> Segment:
         """`media` as the segment a task wants: predicted or not, an image through the vision encoder
         when `context` and `image_context`."""
-        self.check_support(media, where, context and self.image_context)
+        self.support.check(media, where, context and self.image_context)
         if context and self.image_context and isinstance(media, VisualSegment) and not media.is_video:
             if media.pixels is None:
                 raise BadSample(
@@ -252,19 +313,6 @@ class DocumentMaker:
                 )
             return ContextSegment(media.pixels)
         return replace(media, predict=predict)
-
-    def check_support(self, media: Media, where: str, as_context: bool) -> None:
-        s = self.support
-        if isinstance(media, AudioSegment):
-            ok, what = s.audio, "audio (it has no audio codec)"
-        elif media.is_video:
-            ok, what = s.video, "video (it has no 3D visual tokenizer)"
-        elif as_context:
-            ok, what = s.context, "context images (it has no vision encoder)"
-        else:
-            ok, what = s.image, "images (it has no visual tokenizer)"
-        if not ok:
-            raise BadSample(f"{where}: the model cannot take {what}")
 
     # -- prompts for generation and understanding (zoo predict) ------------------------------------
     def generation_prompt(self, task: str, caption: str, prompt: str = "") -> list[int]:

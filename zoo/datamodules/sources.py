@@ -1,4 +1,5 @@
-"""Where paired samples come from: jsonl manifests and WebDataset tar shards (issue 14, item 1).
+"""Where raw paired samples come from: jsonl manifests and WebDataset tar shards (issue 14, item 1); the
+pre-tokenized kind, `zoo tokenize`'s code shards, is `zoo.datamodules.code_shards.CodeShardSource`.
 
 A source lists its files (counted once, `zoo.datamodules.shards`) and turns one undecoded record into a
 media sample (stage (a) of `zoo.datamodules.media_samples`): the caption and the medium, decoded to the
@@ -39,8 +40,10 @@ from zoo.datamodules.media_samples import (
     PairedSample,
     checked_text,
     decode_media,
+    sample_id,
 )
 from zoo.datamodules.paired_documents import Prompts, TaskWeights
+from zoo.datamodules.sequence import MediaLayout
 from zoo.datamodules.shards import (
     JsonlLines,
     SampleFormat,
@@ -99,6 +102,11 @@ class PairedSource(Configurable):
         """The texts of one record without decoding its media (to train a tokenizer); [] when bad."""
         raise NotImplementedError
 
+    def check_model(self, model: object | None, layout: MediaLayout) -> None:
+        """Called before loaders are built with the model being trained (None: not known) and its layout.
+        Raw media suit any model (they are decoded to its sizes); a source that only one model can read
+        (code shards of its tokenizers) refuses the others here."""
+
     # -- shared parsing -----------------------------------------------------------------------------
     def caption(self, record: dict, where: str) -> str:
         for key in self.caption_keys:
@@ -106,7 +114,9 @@ class PairedSource(Configurable):
                 return checked_text(record[key], f"{where} {key!r}")
         raise BadSample(f"{where}: no caption; expected one of the fields {list(self.caption_keys)}")
 
-    def segments(self, record: dict, where: str, resolve: Resolve, spec: MediaSpec) -> InterleavedSample:
+    def segments(
+        self, record: dict, where: str, identity: str, resolve: Resolve, spec: MediaSpec
+    ) -> InterleavedSample:
         """An interleaved record's `segments`, each `{"text": ...}` or `{"image"|"video"|"audio": ...}`."""
         parts: list[str | Media] = []
         for i, (kind, value) in enumerate(self.segment_items(record, where)):
@@ -116,7 +126,7 @@ class PairedSource(Configurable):
             else:
                 source, name = resolve(kind, value, at)
                 parts.append(decode_media(kind, source, spec, name))
-        return InterleavedSample(where, tuple(parts))
+        return InterleavedSample(where, tuple(parts), identity)
 
     @staticmethod
     def segment_items(record: dict, where: str) -> list[tuple[str, object]]:
@@ -177,6 +187,7 @@ class ManifestSource(PairedSource):
     def decode(self, sample: dict, spec: MediaSpec) -> MediaSample:
         record = json_record(sample)
         where = f"{sample['__url__']} {sample['__key__']}"
+        identity = sample_id(sample["__url__"], sample["__key__"])
         root = Path(local_path(sample["__url__"])).parent
 
         def resolve(kind: MediaKind, value: object, at: str) -> tuple[MediaSource, None]:
@@ -185,7 +196,7 @@ class ManifestSource(PairedSource):
             return root / value, None  # a missing file: MissingMediaError naming the path
 
         if "segments" in record:
-            return self.segments(record, where, resolve, spec)
+            return self.segments(record, where, identity, resolve, spec)
         kinds = [k for k in MEDIA_KEYS if k in record]
         if len(kinds) != 1:
             raise BadSample(
@@ -194,7 +205,7 @@ class ManifestSource(PairedSource):
             )
         caption = self.caption(record, where)
         path, _ = resolve(kinds[0], record[kinds[0]], where)
-        return PairedSample(where, caption, decode_media(kinds[0], path, spec))
+        return PairedSample(where, caption, decode_media(kinds[0], path, spec), identity)
 
     def texts(self, sample: dict) -> list[str]:
         try:
@@ -268,15 +279,16 @@ class TarSource(PairedSource):
                 )
             return fields[field], f"{url}:{key}.{field}"
 
+        identity = sample_id(url, key)
         if record is not None and "segments" in record:
-            return self.segments(record, where, resolve, spec)
+            return self.segments(record, where, identity, resolve, spec)
         media = [f for f in fields if self.is_media(f)]
         if len(media) != 1:
             wanted = list(self.media_keys) if self.media_keys else "image, video or audio suffixes"
             raise BadSample(f"{where}: expected one media field ({wanted}), got the fields {sorted(fields)}")
         caption = self.caption_of(fields, record, where)
         source, name = resolve(kind_of(media[0]), media[0], where)
-        return PairedSample(where, caption, decode_media(kind_of(media[0]), source, spec, name))
+        return PairedSample(where, caption, decode_media(kind_of(media[0]), source, spec, name), identity)
 
     def is_media(self, field: str) -> bool:
         return kind_of(field) is not None and (self.media_keys is None or field in self.media_keys)

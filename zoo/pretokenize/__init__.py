@@ -1,9 +1,9 @@
 """Pre-tokenization (issue 14, item 3): `zoo tokenize` runs the frozen visual tokenizer and audio codec once
-over a corpus and writes WebDataset code shards that `CodeShardsDataModule` streams into training, so that
+over a corpus and writes WebDataset code shards that `CodeShardSource` streams into training, so that
 training never runs the tokenizers (REFERENCES.md Part C, "Do this" 1-3).
 
-    records.py   raw paired samples (manifest lines, tar samples) and their decoding (`zoo.media`)
-    sources.py   inputs cut into units (one output shard each); the DataLoader workers' decoded stream
+    sources.py   inputs cut into units (one output shard each); the DataLoader workers' decoded stream,
+                 read and decoded by the paired datamodule's own sources (`zoo.datamodules.sources`)
     frozen.py    the frozen tokenizers: loaded from configs + weights or a model, batched encoding
     output.py    the output folder: temporary names, commit by rename, skip finished, index, failures
     run.py       one tokenization: batching, writing, progress (`tokenize_corpus`)
@@ -14,11 +14,9 @@ live lower in the house: the datamodule that reads the shards needs them too.
 """
 
 from zoo.pretokenize.frozen import FrozenTokenizers, load_component, model_tokenizers
-from zoo.pretokenize.records import DecodeSettings
 from zoo.pretokenize.run import TokenizeResult, tokenize_corpus
 
 __all__ = [
-    "DecodeSettings",
     "FrozenTokenizers",
     "TokenizeResult",
     "load_component",

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 
+from zoo.datamodules.media_samples import MediaSpec
 from zoo.media import DEFAULT_MAX_PIXELS
 from zoo.pretokenize.frozen import FrozenTokenizers, load_component, model_tokenizers
-from zoo.pretokenize.records import DecodeSettings
 from zoo.pretokenize.run import TokenizeResult, tokenize_corpus
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--lines_per_shard", type=int, default=10_000, help="manifest lines per output shard")
     run.add_argument("--index", help="index JSON with the sample counts of remote tar shards")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    media = p.add_argument_group("decoding (zoo.media)")
+    media = p.add_argument_group("decoding (zoo.media; as PairedDataModule's `media` decodes raw media)")
     media.add_argument("--fit", default="center_crop", choices=("center_crop", "pad", "stretch"))
     media.add_argument("--max_pixels", type=int, default=DEFAULT_MAX_PIXELS, help="decompression-bomb cap")
     media.add_argument("--video_frames", type=int, help="clip length (default: 1 + the temporal stride)")
@@ -80,21 +80,15 @@ def load_tokenizers(args: argparse.Namespace) -> FrozenTokenizers:
     return FrozenTokenizers(visual, audio)
 
 
-def decode_settings(args: argparse.Namespace, tokenizers: FrozenTokenizers) -> DecodeSettings:
-    visual, audio = tokenizers.visual, tokenizers.audio
-    frames = None
-    if visual is not None and visual.temporal:
-        frames = args.video_frames or 1 + visual.temporal_stride
-        visual.latent_frames(frames)  # refuses a clip length that does not fit the stride, before any work
-    return DecodeSettings(
-        image_size=visual.image_size if visual is not None else None,
+def media_spec(args: argparse.Namespace) -> MediaSpec:
+    """The decoding the arguments ask for; sizes come from the tokenizers (`FrozenTokenizers.resolve`)."""
+    return MediaSpec(
         fit=args.fit,
-        video_frames=frames,
-        video_fps=args.video_fps,
-        video_start=args.video_start,
-        short=args.short,
-        sample_rate=audio.sample_rate if audio is not None else None,
         max_pixels=args.max_pixels,
+        video_frames=args.video_frames,
+        fps=args.video_fps,
+        clip_start=args.video_start,
+        short_video=args.short,
     )
 
 
@@ -106,7 +100,7 @@ def tokenize_main(argv: list[str]) -> TokenizeResult:
         args.inputs,
         args.out,
         tokenizers,
-        decode_settings(args, tokenizers),
+        media_spec(args),
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         lines_per_shard=args.lines_per_shard,

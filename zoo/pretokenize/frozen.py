@@ -21,6 +21,8 @@ import yaml
 from torch import Tensor, nn
 
 from zoo.datamodules.code_records import CODE_DTYPE, MAX_CODEBOOK
+from zoo.datamodules.media_samples import MediaSpec
+from zoo.datamodules.paired_documents import MediaSupport
 from zoo.fingerprint import tokenizer_config, tokenizer_hash
 from zoo.models.nfsp import flatten_scales
 from zoo.tokenizers.audio import AudioCodec
@@ -124,6 +126,25 @@ class FrozenTokenizers:
             for name, m in (("visual_tokenizer", self.visual), ("audio_codec", self.audio))
             if m is not None
         }
+
+    @property
+    def support(self) -> MediaSupport:
+        """The media these tokenizers take (video: a causal 3D visual tokenizer)."""
+        visual = self.visual
+        return MediaSupport(
+            image=visual is not None,
+            video=visual is not None and bool(visual.temporal),
+            audio=self.audio is not None,
+            context=False,
+        )
+
+    def resolve(self, media: MediaSpec) -> MediaSpec:
+        """`media` at these tokenizers' sizes, as `PairedDataModule` resolves it for a model holding them;
+        a clip length that does not fit the temporal stride is refused before any work."""
+        spec = media.resolved(self.visual, self.audio)
+        if self.visual is not None and self.visual.temporal:
+            self.visual.latent_frames(spec.video_frames)
+        return spec
 
     def summary(self) -> dict[str, dict[str, Any] | None]:
         """Fingerprint and configuration of each tokenizer (None where there is none)."""

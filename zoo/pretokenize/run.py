@@ -30,9 +30,9 @@ from rich.text import Text
 from torch.utils.data import DataLoader
 
 from zoo.datamodules.code_records import CodeRecord
+from zoo.datamodules.media_samples import MediaSpec
 from zoo.pretokenize.frozen import FrozenTokenizers
 from zoo.pretokenize.output import OutputFolder, ShardOutput
-from zoo.pretokenize.records import DecodeSettings
 from zoo.pretokenize.sources import Decoded, DecodedStream, Failed, Item, Unit, UnitEnd, plan_units
 
 
@@ -214,7 +214,7 @@ def tokenize_corpus(
     inputs: Sequence[str],
     out: str | Path,
     tokenizers: FrozenTokenizers,
-    settings: DecodeSettings,
+    media: MediaSpec = MediaSpec(),
     batch_size: int = 32,
     num_workers: int = 0,
     lines_per_shard: int = 10_000,
@@ -223,14 +223,16 @@ def tokenize_corpus(
     on_batch: Callable[[int], None] | None = None,
 ) -> TokenizeResult:
     """Tokenize `inputs` (manifests, tar shards, brace patterns) into code shards under `out` (module
-    docstring); shards finished by an earlier run into the same folder are skipped.
+    docstring); shards finished by an earlier run into the same folder are skipped. Media are decoded as
+    `PairedDataModule` decodes them with `media` (`None` sizes: the tokenizers').
 
     `on_batch(samples)` is called after every tokenized batch with the samples tokenized so far.
     """
     if batch_size < 1 or num_workers < 0:
         raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {batch_size} and {num_workers}")
+    spec = tokenizers.resolve(media)
     units, unreadable_inputs = plan_units(inputs, lines_per_shard, index)
-    run = {"tokenizers": tokenizers.summary(), "decode": dataclasses.asdict(settings)}
+    run = {"tokenizers": tokenizers.summary(), "decode": dataclasses.asdict(spec)}
     folder = OutputFolder(out, run)
     finished = {u.index: state for u in units if (state := folder.finished(u)) is not None}
     todo = [u for u in units if u.index not in finished]
@@ -239,7 +241,7 @@ def tokenize_corpus(
         writer = _Writer(folder, todo, tokenizers, batch_size, advance, on_batch)
         if todo:
             loader = DataLoader(
-                DecodedStream(todo, settings),
+                DecodedStream(todo, spec, tokenizers.support),
                 batch_size=None,
                 num_workers=min(num_workers, len(todo)),
                 collate_fn=_items,

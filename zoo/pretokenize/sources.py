@@ -3,9 +3,10 @@ samples that DataLoader workers make of them.
 
 A unit is a whole input tar shard, or `lines_per_shard` lines of a manifest (a `Shard` piece: a file, a
 first sample, a count). Units are numbered in input order; unit i becomes `codes-0000i.tar`. Each worker
-reads whole units (unit i goes to worker i mod workers), decodes every sample with `zoo.media` and hands
-the main process, in order: a `Decoded` sample or a `Failed` one (with why), and a `UnitEnd` when the unit
-is read. A unit that cannot be read to its end (a truncated tar) ends with an error and is not written.
+reads whole units (unit i goes to worker i mod workers), decodes every sample with the paired datamodule's
+own stage (a) (`ManifestSource` / `TarSource`.decode at the tokenizers' sizes, `MediaSpec`) and hands the
+main process, in order: a `Decoded` sample or a `Failed` one (with why), and a `UnitEnd` when the unit is
+read. A unit that cannot be read to its end (a truncated tar) ends with an error and is not written.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import Literal
 from torch import Tensor
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zoo.datamodules.bad_samples import SAMPLE_ERRORS, describe
-from zoo.datamodules.shards import JsonlLines, TarSamples, count_shards, expand
-from zoo.pretokenize.records import DecodeSettings, RawRecord, decode, manifest_record, tar_record
+from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadSample, describe
+from zoo.datamodules.media_samples import MediaSpec, PairedSample
+from zoo.datamodules.paired_documents import MediaSupport
+from zoo.datamodules.sequence import VisualSegment
+from zoo.datamodules.shards import expand
+from zoo.datamodules.sources import ManifestSource, PairedSource, TarSource
 
 InputFormat = Literal["tar", "manifest"]
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -49,6 +53,10 @@ class Unit:
     def as_json(self) -> dict[str, object]:
         return {"url": self.url, "format": self.format, "start": self.start, "count": self.count}
 
+    def source(self) -> PairedSource:
+        """The paired datamodule's source that reads this unit's input."""
+        return input_source(self.url, self.format)
+
 
 @dataclass(frozen=True)
 class PlanFailure:
@@ -70,13 +78,19 @@ def input_format(url: str) -> InputFormat:
     )
 
 
+def input_source(url: str, format: InputFormat, index: str | None = None) -> PairedSource:
+    """The source of `PairedDataModule` that reads (and counts) the input `url`."""
+    return TarSource([url], index=index) if format == "tar" else ManifestSource([url])
+
+
 def plan_units(
     inputs: Sequence[str], lines_per_shard: int, index: str | None = None
 ) -> tuple[list[Unit], list[PlanFailure]]:
     """The units of `inputs` (paths, urls, brace patterns), and the tar shards that could not be counted.
 
-    Manifests must exist (a missing one is a mistyped argument: `FileNotFoundError`); tar counts come from
-    `index`, an `index.json` beside the shard, or a scan of the local file (`count_shards`).
+    Counted as the paired datamodule counts its sources: manifests must exist (a missing one is a mistyped
+    argument: `FileNotFoundError`); tar counts come from `index`, an `index.json` beside the shard, or a
+    scan of the local file.
     """
     if lines_per_shard < 1:
         raise ValueError(f"lines_per_shard must be >= 1, got {lines_per_shard}")
@@ -86,15 +100,15 @@ def plan_units(
     units: list[Unit] = []
     failures: list[PlanFailure] = []
     for url in urls:
-        number = len(units) + len(failures)
-        if input_format(url) == "manifest":
-            lines = JsonlLines().count(url)
-            for start in range(0, lines, lines_per_shard):
-                count = min(lines_per_shard, lines - start)
+        number, format = len(units) + len(failures), input_format(url)
+        if format == "manifest":
+            (shard,) = input_source(url, format).count()
+            for start in range(0, shard.samples, lines_per_shard):
+                count = min(lines_per_shard, shard.samples - start)
                 units.append(Unit(len(units) + len(failures), url, "manifest", start, count))
             continue
         try:
-            (shard,) = count_shards([url], TarSamples(), index)
+            (shard,) = input_source(url, format, index).count()
         except ValueError as error:
             failures.append(PlanFailure(number, url, str(error)))
             continue
@@ -139,19 +153,27 @@ class UnitEnd:
 Item = Decoded | Failed | UnitEnd
 
 
-def decode_sample(unit: Unit, position: int, sample: dict, settings: DecodeSettings) -> Decoded | Failed:
+def decode_sample(
+    unit: Unit, source: PairedSource, position: int, sample: dict, spec: MediaSpec, support: MediaSupport
+) -> Decoded | Failed:
     key = str(sample.get("__key__", f"sample {position}"))
     try:
-        record: RawRecord = (manifest_record if unit.format == "manifest" else tar_record)(sample)
-        value = decode(record, settings)
+        decoded = source.decode(sample, spec)
+        if not isinstance(decoded, PairedSample):
+            raise BadSample(f"{decoded.name}: interleaved; zoo tokenize writes paired samples (one medium)")
+        support.check(decoded.media, decoded.name)
     except DECODE_ERRORS as error:
         return Failed(unit.index, position, unit.url, key, describe(error))
-    return Decoded(unit.index, position, unit.url, key, record.kind, record.text, value)
+    media = decoded.media
+    value = media.pixels if isinstance(media, VisualSegment) else media.wave
+    assert value is not None  # raw media decode to pixels and waves, never codes
+    return Decoded(unit.index, position, unit.url, key, decoded.kind, decoded.caption, value)
 
 
-def read_unit(unit: Unit, settings: DecodeSettings) -> Iterator[Item]:
+def read_unit(unit: Unit, spec: MediaSpec, support: MediaSupport) -> Iterator[Item]:
     """The unit's samples decoded, then its `UnitEnd`."""
-    samples = (TarSamples() if unit.format == "tar" else JsonlLines()).read(unit.url, unit.start)
+    source = unit.source()
+    samples = source.format.read(unit.url, unit.start)
     read = 0
     try:
         taken = islice(samples, unit.count)
@@ -164,7 +186,7 @@ def read_unit(unit: Unit, settings: DecodeSettings) -> Iterator[Item]:
                 at = unit.start + read
                 yield UnitEnd(unit.index, read, f"could not be read past sample {at}: {describe(error)}")
                 return
-            yield decode_sample(unit, unit.start + read, sample, settings)
+            yield decode_sample(unit, source, unit.start + read, sample, spec, support)
             read += 1
     finally:
         samples.close()
@@ -173,13 +195,14 @@ def read_unit(unit: Unit, settings: DecodeSettings) -> Iterator[Item]:
 
 
 class DecodedStream(IterableDataset):
-    """The decoded samples of `units`, unit i read by DataLoader worker i mod workers (module docstring)."""
+    """The decoded samples of `units`, unit i read by DataLoader worker i mod workers (module docstring);
+    media decoded at the sizes of a resolved `spec`, those the tokenizers cannot take (`support`) refused."""
 
-    def __init__(self, units: Sequence[Unit], settings: DecodeSettings) -> None:
-        self.units, self.settings = list(units), settings
+    def __init__(self, units: Sequence[Unit], spec: MediaSpec, support: MediaSupport) -> None:
+        self.units, self.spec, self.support = list(units), spec, support
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for unit in self.units[worker::workers]:
-            yield from read_unit(unit, self.settings)
+            yield from read_unit(unit, self.spec, self.support)
