@@ -35,11 +35,11 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.datamodules.shapes import Scene, ShapesWorld, parse_caption, stable_seed
-from zoo.datamodules.shapes_render import render_image, render_video, to_tensor
-from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+from zoo.world.render import render_image, render_video, to_tensor
+from zoo.world.scenes import Scene, ShapesWorld, parse_caption, stable_seed
+from zoo.world.speech import SAMPLE_RATE, render_speech
 
 if TYPE_CHECKING:  # the task layer imports this module; only the annotation points up
     from zoo.tasks.multimodal_eval import MediaRequest

@@ -7,10 +7,10 @@
   <eoi>`, `<bos> <boa> speech <eoa>`, `<bos> <bov> clip <eov>`); the policy writes the caption, rewarded
   with its attribute accuracy against the scene (`zoo.rl.verifiers.verify_shapes_caption`);
 - generation ("text_to_image"): the prompt is `<bos> caption <boi>`; the policy draws the image by NFSP
-  (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `shapes_render.verify_image` reads
+  (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `zoo.world.render.verify_image` reads
   back from the decoded pixels (`verify_shapes_image`);
 - speech ("text_to_audio"): the prompt is `<bos> caption <boa>`; the policy speaks by NCP, rewarded with
-  the share of the caption's words `shapes_speech.read_speech` hears in place in the decoded waveform
+  the share of the caption's words `zoo.world.speech.read_speech` hears in place in the decoded waveform
   (`verify_shapes_speech_words`: graded, where a whole scene read back from tiny-model speech is rare).
 
 Rewards are graded (1.0 iff every attribute is right), so the G responses of a query rarely tie. One

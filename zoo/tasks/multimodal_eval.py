@@ -26,14 +26,14 @@ import torch
 from torch import Tensor
 
 from zoo.datamodules.sequence import AudioSegment, document_length
-from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
-from zoo.datamodules.shapes_render import verify_image, verify_video
-from zoo.datamodules.shapes_speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
 from zoo.media.writing import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
 from zoo.models.unified import UnifiedModel
+from zoo.world.render import verify_image, verify_video
+from zoo.world.scenes import CaptionScore, Scene, verify_caption
+from zoo.world.speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
 
 GENERATION = ("text_to_image", "text_to_video", "text_to_audio")
 UNDERSTANDING = ("image_to_text", "video_to_text", "audio_to_text")
