@@ -34,11 +34,12 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.datamodules.shapes_multimodal import TASKS, ShapesMultimodalDataModule
+from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.datamodules.shards import Shard, write_index
 from zoo.datamodules.sources import ManifestSource, TarSource
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
+from zoo.task_names import SHAPES_TASKS as TASKS
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.visual import VisualTokenizer
