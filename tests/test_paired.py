@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from batch_helpers import batch_tensors
 from paired_corpus import audio_bytes, corpus, image_bytes, write_interleaved, write_manifest, write_tar
 
 from zoo.batch import IGNORE_INDEX
@@ -192,13 +193,6 @@ def datamodule(*sources, **kw) -> PairedDataModule:
     dm = PairedDataModule(list(sources), **kw)
     dm.setup("fit")
     return dm
-
-
-def batch_tensors(batch) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": batch.input_ids, "modality": batch.modality, "group_id": batch.group_id,
-        "doc_id": batch.doc_id, "positions": batch.positions, **batch.targets, **batch.payloads,
-    }  # fmt: skip
 
 
 def epoch(dm: PairedDataModule, number: int) -> list:

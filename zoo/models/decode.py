@@ -81,7 +81,7 @@ def step_batch(
 
 def append_positions(batch: GroupBatch, step: GroupBatch) -> GroupBatch:
     """`batch` followed by a step's positions: the whole sequence, for decoding without a cache."""
-    if batch.payloads:
+    if batch.has_media:
         raise ValueError("decoding without a cache re-embeds the whole sequence: only text prompts can")
     return GroupBatch(
         input_ids=torch.cat([batch.input_ids, step.input_ids], dim=1),
