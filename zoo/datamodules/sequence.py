@@ -497,19 +497,15 @@ class SequenceBuilder:
             )
             targets["visual"] = out["visual_target"]
         if media["audio_items"]:
+            waves, lengths = _pad_waves(media["audio"]) if media["audio"] else (None, None)
             audio = AudioPayload(
                 items=torch.tensor(media["audio_items"]),
                 slot=out["audio_slot"],
                 hop=self.layout.audio_hop,
+                waves=waves,
+                lengths=lengths,
                 codes=torch.cat(media["audio_codes"]) if media["audio_codes"] else None,
             )
-            waves = media["audio"]
-            if waves:
-                lengths = torch.tensor([len(w) for w in waves])
-                padded = torch.zeros(len(waves), int(lengths.max()))
-                for i, w in enumerate(waves):
-                    padded[i, : len(w)] = w
-                audio.waves, audio.lengths = padded, lengths
             targets["audio"], targets["audio_end"] = out["audio_target"], out["audio_end"]
         if media["context"]:
             context = ContextPayload(
@@ -528,6 +524,15 @@ class SequenceBuilder:
             audio=audio,
             context=context,
         )
+
+
+def _pad_waves(waves: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Waveforms `[N, longest]`, zero-padded, and their lengths `[N]`."""
+    lengths = torch.tensor([len(w) for w in waves])
+    padded = torch.zeros(len(waves), int(lengths.max()))
+    for i, w in enumerate(waves):
+        padded[i, : len(w)] = w
+    return padded, lengths
 
 
 def _stack(tensors: list[Tensor], what: str) -> Tensor:
