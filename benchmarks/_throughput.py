@@ -44,9 +44,6 @@ from PIL import Image
 from zoo.batch import GroupBatch
 from zoo.datamodules.code_shards import CodeShardSource
 from zoo.datamodules.paired import PairedDataModule
-from zoo.datamodules.shapes import ShapesWorld
-from zoo.datamodules.shapes_render import render_image
-from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
 from zoo.datamodules.sources import PairedSource, TarSource
 from zoo.hub import build_from_config
 from zoo.models.unified import UnifiedModel
@@ -57,6 +54,9 @@ from zoo.tasks.pretrain import UnifiedPretraining
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.visual import VisualTokenizer
+from zoo.world.render import render_image
+from zoo.world.scenes import ShapesWorld
+from zoo.world.speech import SAMPLE_RATE, render_speech
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 16  # documents per batch

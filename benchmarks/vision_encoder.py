@@ -145,8 +145,8 @@ def samples(out: Path, path: Path, count: int = 8) -> None:
     import matplotlib.pyplot as plt
 
     from zoo.datamodules.media_data import ShapesMediaDataModule
-    from zoo.datamodules.shapes import score_objects
     from zoo.tasks.vision_encoder import VisionEncoderPretraining, predict_objects
+    from zoo.world.scenes import score_objects
 
     ckpt = out / "runs" / "vision_encoder" / "dual" / "checkpoints" / "last.ckpt"
     task = VisionEncoderPretraining.load_from_checkpoint(ckpt, map_location="cpu").eval()

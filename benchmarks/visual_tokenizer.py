@@ -35,10 +35,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, emit, log, machine_info, time_interleaved  # noqa: E402
 
-from zoo.datamodules.shapes import ShapesWorld  # noqa: E402
-from zoo.datamodules.shapes_render import render_image, render_video, to_tensor  # noqa: E402
 from zoo.tokenizers.visual import VisualTokenizer, psnr  # noqa: E402
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics  # noqa: E402
+from zoo.world.render import render_image, render_video, to_tensor  # noqa: E402
+from zoo.world.scenes import ShapesWorld  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "tokenizers"
 

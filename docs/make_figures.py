@@ -99,9 +99,9 @@ def world_samples_figure(path: Path) -> None:
     with its moving objects, and the log-mel spectrogram of a spoken caption with its word boundaries."""
     import torchaudio
 
-    from zoo.datamodules.shapes import ShapesWorld
-    from zoo.datamodules.shapes_render import render_image, render_video
-    from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech, split_words
+    from zoo.world.render import render_image, render_video
+    from zoo.world.scenes import ShapesWorld
+    from zoo.world.speech import SAMPLE_RATE, render_speech, split_words
 
     world = ShapesWorld(seed=0, max_objects=4)
     moving = ShapesWorld(seed=0, max_objects=3, include_motion=True)

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from zoo.datamodules.shapes_speech import render_speech
 from zoo.tasks.audio_tokenizer import (
     CODEC_FILE,
     AudioTokenizerTask,
@@ -26,6 +25,7 @@ from zoo.tasks.audio_tokenizer import (
 )
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import MelStatisticsTeacher, WhisperTeacher, WordIdentityTeacher
+from zoo.world.speech import render_speech
 
 SR = 16000
 

@@ -18,6 +18,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from batch_helpers import batch_tensors
 from code_shard_helpers import (
     SCALES,
     STRIDE,
@@ -126,9 +127,9 @@ def assert_same_batches(a: GroupBatch, b: GroupBatch, model: UnifiedModel) -> No
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.targets.keys() == b.targets.keys()
     assert all(torch.equal(a.targets[k], b.targets[k]) for k in a.targets)
-    for key in ("visual_target", "audio_target", "audio_end"):
-        assert (key in a.payloads) == (key in b.payloads), key
-        assert key not in a.payloads or torch.equal(a.payloads[key], b.payloads[key]), key
+    for key in ("visual", "audio", "audio_end"):
+        assert (key in a.targets) == (key in b.targets), key
+        assert key not in a.targets or torch.equal(a.targets[key], b.targets[key]), key
     with torch.no_grad():
         raw, coded = model.encode_media(a), model.encode_media(b)
     if raw.visual is not None:
@@ -236,11 +237,11 @@ def test_raw_and_code_sources_mix_in_one_datamodule(model, corpus, codes, text_t
     dm = attached(paired(sources, text_tokenizer, batch_size=4, bad_samples=LENIENT), model, tmp_path)
     payloads = set()
     for batch in dm.train_dataloader():
-        payloads |= set(batch.payloads)
+        payloads |= set(batch_tensors(batch))
         with torch.no_grad():
             assert torch.isfinite(model(batch).loss)
-    assert {"visual_codes", "audio_codes"} <= payloads  # from the code shards
-    assert {"image_pixels", "audio_waves"} <= payloads  # from the raw manifest
+    assert {"visual.codes", "audio.codes"} <= payloads  # from the code shards
+    assert {"visual.image_pixels", "audio.waves"} <= payloads  # from the raw manifest
     assert dm.bad_samples == len(corpus.manifest_bad)  # the manifest's own; the code records are all good
 
 

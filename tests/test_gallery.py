@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from zoo.datamodules.shapes import ShapesWorld, verify_caption
-from zoo.datamodules.shapes_render import render_image, render_video, to_tensor, verify_image
-from zoo.datamodules.shapes_speech import render_speech, verify_speech
 from zoo.media import save_spectrogram_png
 from zoo.tasks.multimodal_eval import Evaluation, Sample, write_gallery
+from zoo.world.render import render_image, render_video, to_tensor, verify_image
+from zoo.world.scenes import ShapesWorld, verify_caption
+from zoo.world.speech import render_speech, verify_speech
 
 
 def _evaluation() -> Evaluation:

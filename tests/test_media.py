@@ -13,11 +13,11 @@ from PIL import Image
 
 from zoo.datamodules.manifests import read_manifest
 from zoo.datamodules.media_data import ManifestMediaDataModule
-from zoo.datamodules.shapes import ShapesWorld
-from zoo.datamodules.shapes_render import render_image, render_video, to_tensor, verify_image, verify_video
-from zoo.datamodules.shapes_speech import render_speech, verify_speech
 from zoo.media import MediaError, load_audio, load_image, load_video, save_gif, save_png, save_wav
 from zoo.media.errors import reset_notices
+from zoo.world.render import render_image, render_video, to_tensor, verify_image, verify_video
+from zoo.world.scenes import ShapesWorld
+from zoo.world.speech import render_speech, verify_speech
 
 
 @pytest.fixture(autouse=True)

@@ -83,9 +83,9 @@ def test_an_image_is_one_group_per_scale_on_the_finest_grid(model, builder):
     assert batch.positions[0, 0, :n][visual].unique().tolist() == [4]
     # Predicted codes are targets where they sit; text predicts <boi> before the image, nothing after it.
     everywhere = batch.modality[0] == Modality.IMAGE
-    slots = batch.payloads["visual_slot"][0][everywhere]
+    slots = batch.visual.slot[0][everywhere]
     assert slots.tolist() == list(range(85))
-    assert torch.equal(batch.payloads["visual_target"][0][everywhere], slots)
+    assert torch.equal(batch.targets["visual"][0][everywhere], slots)
     targets = batch.targets["text"][0]
     assert targets[2] == vocab.special("<boi>")
     assert targets[3] == IGNORE_INDEX and targets[3 + 85] == IGNORE_INDEX  # <boi>, last code
@@ -97,7 +97,7 @@ def test_audio_frames_predict_the_next_frame_and_the_last_predicts_the_end(model
     vocab = model.vocab
     wave = torch.randn(3 * HOP + 5) * 0.1  # 4 frames
     batch = builder.collate([[text(model, 7), AudioSegment(wave), TextSegment([vocab.eos_id])]])
-    target, end, slot = (batch.payloads[k][0] for k in ("audio_target", "audio_end", "audio_slot"))
+    target, end, slot = (batch.targets["audio"][0], batch.targets["audio_end"][0], batch.audio.slot[0])
     boa = 2
     assert batch.input_ids[0, boa] == vocab.special("<boa>")
     assert target[boa] == 0  # <boa> predicts frame 0
@@ -114,7 +114,7 @@ def test_a_context_image_is_one_bidirectional_group_without_targets(model, build
     assert int(context.sum()) == 16
     assert batch.group_id[0][context].unique().numel() == 1
     assert (batch.targets["text"][0][context] == IGNORE_INDEX).all()
-    assert batch.payloads["context_slot"][0][context].tolist() == list(range(16))
+    assert batch.context.slot[0][context].tolist() == list(range(16))
 
 
 def test_media_that_do_not_fit_the_layout_are_refused(model, builder):
@@ -168,7 +168,7 @@ def test_greedy_nfsp_generation_with_the_cache_matches_the_full_forward_pass(mod
     doc = [TextSegment(prompt[:-1]), VisualSegment(codes=flat)]
     batch = builder.collate([doc])
     out = model(batch)
-    where = batch.payloads["visual_target"][0] >= 0
+    where = batch.targets["visual"][0] >= 0
     ranked_first = model.nfsp.logits(out.backbone.hidden[0][where]).argmax(-1)
     assert torch.equal(ranked_first, flat)
     assert model.nfsp.decode(codes).shape == (1, 3, 32, 32)
@@ -192,7 +192,7 @@ def test_greedy_ncp_generation_with_the_cache_matches_the_full_forward_pass(mode
     batch = builder.collate([[TextSegment(prompt[:-1]), AudioSegment(codes=frames)]])
     hidden = model(batch).backbone.hidden[0]
     # <boa> and every frame but the last predict a frame.
-    predictors = (batch.payloads["audio_target"][0] >= 0).nonzero()[:, 0]
+    predictors = (batch.targets["audio"][0] >= 0).nonzero()[:, 0]
     replayed, _ = model.ncp.sample(hidden[predictors], temperature=0.0)
     assert torch.equal(replayed, frames[: len(predictors)])
     assert model.ncp.decode(frames[None]).shape == (1, len(frames) * HOP)
@@ -240,6 +240,6 @@ def test_video_is_frames_of_scales_and_greedy_generation_matches_the_full_forwar
     codes = generate_visual(model, [prompt], frames=3, temperature=0.0)
     flat = flatten_scales(codes)[0]
     fed = builder.collate([[TextSegment(prompt[:-1]), VisualSegment(codes=flat, video=True)]])
-    where = fed.payloads["visual_target"][0] >= 0
+    where = fed.targets["visual"][0] >= 0
     assert torch.equal(model.nfsp.logits(model(fed).backbone.hidden[0][where]).argmax(-1), flat)
     assert model.nfsp.decode(codes).shape == (1, 3, 5, 32, 32)

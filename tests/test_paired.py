@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from batch_helpers import batch_tensors
 from paired_corpus import audio_bytes, corpus, image_bytes, write_interleaved, write_manifest, write_tar
 
 from zoo.batch import IGNORE_INDEX
@@ -34,11 +35,12 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.datamodules.shapes_multimodal import TASKS, ShapesMultimodalDataModule
+from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.datamodules.shards import Shard, write_index
 from zoo.datamodules.sources import ManifestSource, TarSource
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
+from zoo.task_names import SHAPES_TASKS as TASKS
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.visual import VisualTokenizer
@@ -191,13 +193,6 @@ def datamodule(*sources, **kw) -> PairedDataModule:
     dm = PairedDataModule(list(sources), **kw)
     dm.setup("fit")
     return dm
-
-
-def batch_tensors(batch) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": batch.input_ids, "modality": batch.modality, "group_id": batch.group_id,
-        "doc_id": batch.doc_id, "positions": batch.positions, **batch.targets, **batch.payloads,
-    }  # fmt: skip
 
 
 def epoch(dm: PairedDataModule, number: int) -> list:

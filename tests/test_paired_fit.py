@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from batch_helpers import batch_tensors
 from paired_corpus import corpus, write_interleaved, write_manifest, write_tar
 from test_configs import cli_args, deep_merge, load, provide_weight_files
 
@@ -34,8 +35,8 @@ PAIRED = {  # config -> what its placeholder files hold (images, audio, videos p
     "data/interleaved.yaml": None,
     "data/code_shards.yaml": (4, 0, 0),  # tokenized: the untrained codec's k-means never ran, so images only
 }
-PIXELS = ("image_pixels", "video_pixels", "audio_waves")
-CODES = ("visual_codes", "audio_codes")
+PIXELS = ("visual.image_pixels", "visual.video_pixels", "audio.waves")
+CODES = ("visual.codes", "audio.codes")
 
 
 @pytest.fixture(autouse=True)
@@ -90,10 +91,10 @@ def test_every_paired_config_reads_its_files_into_batches_its_model_takes(
     batch = next(iter(dm.train_dataloader()))
     assert dm.bad_samples == 0
     coded = any(isinstance(s, CodeShardSource) for s in dm.sources)
-    kinds = {k for k in (CODES if coded else PIXELS) if k in batch.payloads}
+    kinds = {k for k in (CODES if coded else PIXELS) if k in batch_tensors(batch)}
     assert kinds, "a paired batch holds media"
-    if "video_pixels" in kinds:
-        assert batch.payloads["video_pixels"].shape[1:] == (3, dm.video_frames, 32, 32)
+    if "visual.video_pixels" in kinds:
+        assert batch.visual.video_pixels.shape[1:] == (3, dm.video_frames, 32, 32)
     with torch.no_grad():
         out = model.eval()(batch)
     assert torch.isfinite(out.loss)

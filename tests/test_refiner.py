@@ -302,7 +302,7 @@ def test_a_batch_without_images_is_refused_by_name():
 def test_cascade_data_pairs_each_target_with_the_native_low_resolution_render_of_the_same_scene():
     from zoo.datamodules.media_data import ShapesMediaDataModule
     from zoo.datamodules.shapes_cascade import ShapesCascadeDataModule
-    from zoo.datamodules.shapes_render import render_image, to_tensor
+    from zoo.world.render import render_image, to_tensor
 
     data = ShapesCascadeDataModule(size=24, condition_size=12, train_size=4, val_size=4, batch_size=4)
     batch = next(iter(data.val_dataloader()))

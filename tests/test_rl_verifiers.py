@@ -8,7 +8,6 @@ import time
 import pytest
 import rl_verifier_helpers as helpers
 
-from zoo.datamodules.shapes import ShapesWorld
 from zoo.rl.tasks_text import GENERATORS, TextTasks, training_text
 from zoo.rl.verifiers import (
     Query,
@@ -20,6 +19,7 @@ from zoo.rl.verifiers import (
     verify_shapes_caption,
     verify_sorted,
 )
+from zoo.world.scenes import ShapesWorld
 
 # ------------------------------------------------------------------------------------------ text tasks
 
@@ -169,8 +169,8 @@ def test_collect_refuses_unknown_tickets_and_bad_pool_arguments():
 
 
 def test_generated_media_are_rewarded_by_the_shapesworld_readers():
-    render = pytest.importorskip("zoo.datamodules.shapes_render")
-    speech = pytest.importorskip("zoo.datamodules.shapes_speech")
+    render = pytest.importorskip("zoo.world.render")
+    speech = pytest.importorskip("zoo.world.speech")
     world = ShapesWorld(seed=0, min_objects=2, max_objects=2)
     scene, other = world.scene(0), world.scene(1)
     reference = world.caption(scene)

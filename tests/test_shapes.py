@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from zoo.datamodules.shapes import (
+from zoo.world.scenes import (
     ALL_PAIRS,
     CELLS,
     COLOURS,
@@ -79,7 +79,7 @@ def test_train_and_val_are_different_streams():
 
 def test_scenes_and_heldout_pairs_are_the_same_under_every_python_hash_seed():
     code = (
-        "from zoo.datamodules.shapes import ShapesWorld, caption\n"
+        "from zoo.world.scenes import ShapesWorld, caption\n"
         "w = ShapesWorld(seed=5, include_motion=True)\n"
         "print(sorted(w.heldout_pairs))\n"
         "print([caption(w.scene(i, s), True) for s in ('train', 'val', 'test') for i in range(10)])\n"

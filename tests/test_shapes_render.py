@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.datamodules.media_data import ShapesMediaDataModule
-from zoo.datamodules.shapes import COLOURS, SHAPES, SIZES, Scene, ShapeObject, ShapesWorld
-from zoo.datamodules.shapes_render import (
+from zoo.world.render import (
     PALETTE,
     cell_bounds,
     object_mask,
@@ -23,6 +22,7 @@ from zoo.datamodules.shapes_render import (
     verify_image,
     verify_video,
 )
+from zoo.world.scenes import COLOURS, SHAPES, SIZES, Scene, ShapeObject, ShapesWorld
 
 
 def one(colour="red", shape="circle", size="large", row=1, col=1, motion="still") -> Scene:

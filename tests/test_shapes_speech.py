@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from zoo.datamodules.media_data import ShapesMediaDataModule
-from zoo.datamodules.shapes import ShapesWorld, caption_vocabulary, verify_caption
-from zoo.datamodules.shapes_speech import (
+from zoo.world.scenes import ShapesWorld, caption_vocabulary, verify_caption
+from zoo.world.speech import (
     SAMPLE_RATE,
     read_speech,
     render_speech,

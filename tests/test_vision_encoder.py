@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 from zoo.cli import ZooCLI
 from zoo.config import to_config
 from zoo.datamodules.media_data import ShapesMediaDataModule
-from zoo.datamodules.shapes import COLOURS, SHAPES, SIZES, Scene, ShapeObject, ShapesWorld
 from zoo.models.vision import AttentionMerger, DualPathEncoder, MlpMerger
 from zoo.tasks.vision_encoder import (
     EVAL_FIGURES,
@@ -33,6 +32,7 @@ from zoo.tasks.vision_encoder import (
     scene_targets,
 )
 from zoo.weights import save_weights_file
+from zoo.world.scenes import COLOURS, SHAPES, SIZES, Scene, ShapeObject, ShapesWorld
 
 VISION_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "vision").glob("*.yaml"))
 SMALL = dict(out_dim=32, vit_depth=1, vit_dim=32, vit_heads=2, merger_dim=32, merger_heads=2)

@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from zoo.datamodules.media_data import ShapesMediaDataModule
-from zoo.datamodules.shapes import ShapesWorld
-from zoo.datamodules.shapes_render import render_image, render_video, to_tensor
 from zoo.tasks.visual_tokenizer import (
     WEIGHTS_NAME,
     AdversarialLoss,
@@ -24,6 +22,8 @@ from zoo.tasks.visual_tokenizer import (
 )
 from zoo.tokenizers.visual import VisualTokenizer, psnr
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer
+from zoo.world.render import render_image, render_video, to_tensor
+from zoo.world.scenes import ShapesWorld
 
 SIZE = 16  # 16x16 images, channels (8, 16): one downsampling to an 8x8 latent grid, scales 1, 2, 4, 8
 

@@ -19,11 +19,11 @@ pytest.importorskip("transformers")
 from whisper_helpers import save_tiny_whisper  # noqa: E402
 
 from zoo.config import to_config  # noqa: E402
-from zoo.datamodules.shapes_speech import render_speech  # noqa: E402
 from zoo.hub import build_from_config  # noqa: E402
 from zoo.tasks.audio_tokenizer import AudioTokenizerTask  # noqa: E402
 from zoo.tokenizers.audio import AudioCodec  # noqa: E402
 from zoo.tokenizers.audio_teacher import WhisperTeacher, span_average  # noqa: E402
+from zoo.world.speech import render_speech  # noqa: E402
 
 SR = 16000
 WINDOW = 30 * SR

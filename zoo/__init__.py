@@ -4,9 +4,8 @@ Public API (timm-style): `create_model`, `list_models`, `load_pretrained` (a sav
 id, see `zoo.hub`); LightningModules live in `zoo.tasks`.
 """
 
-__version__ = "0.1.0"
+from zoo.hub import load_pretrained
+from zoo.registry import create_model, get_preset, list_models
+from zoo.version import __version__
 
-from zoo.hub import load_pretrained  # noqa: E402  (zoo.hub reads __version__)
-from zoo.registry import create_model, get_preset, list_models  # noqa: E402
-
-__all__ = ["create_model", "get_preset", "list_models", "load_pretrained"]
+__all__ = ["__version__", "create_model", "get_preset", "list_models", "load_pretrained"]

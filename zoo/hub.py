@@ -27,11 +27,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-import zoo
 from zoo.config import Configurable, to_config
 from zoo.models.unified import UnifiedModel
 from zoo.tokenizers.text import TextTokenizer
 from zoo.trust import UnsafeConfigError, zoo_class
+from zoo.version import __version__
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -148,7 +148,7 @@ def save_pretrained(
     directory.mkdir(parents=True, exist_ok=True)
     total, active = model.num_parameters(), model.num_parameters(active=True)
     config = {
-        "zoo_version": zoo.__version__,
+        "zoo_version": __version__,
         "format": FORMAT,
         "model": to_config(model),
         "tokenizer": TOKENIZER_NAME if tokenizer is not None else None,

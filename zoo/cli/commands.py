@@ -120,7 +120,7 @@ def _analyze(argv: list[str]) -> None:
 
 
 def _ablate(argv: list[str]) -> None:
-    from zoo.ablation import main as ablate_main
+    from zoo.cli.ablation import main as ablate_main
 
     ablate_main(argv)
 

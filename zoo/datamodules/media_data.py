@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from zoo.datamodules.shapes import SPLITS, Scene, ShapesWorld, stable_seed
+from zoo.world.scenes import SPLITS, Scene, ShapesWorld, stable_seed
 
 Kind = Literal["image", "video", "speech"]
 
@@ -55,16 +55,14 @@ class _ShapesRenderer:
     seed: int
 
     def __call__(self, index: int, split: str) -> dict[str, Tensor]:
-        from zoo.datamodules import shapes_render
+        from zoo.world import render
 
         scene = self.world.scene(index, split)
         if self.kind == "image":
-            return {"pixels": shapes_render.to_tensor(shapes_render.render_image(scene, self.size))}
+            return {"pixels": render.to_tensor(render.render_image(scene, self.size))}
         if self.kind == "video":
-            return {
-                "pixels": shapes_render.to_tensor(shapes_render.render_video(scene, self.frames, self.size))
-            }
-        from zoo.datamodules.shapes_speech import render_speech
+            return {"pixels": render.to_tensor(render.render_video(scene, self.frames, self.size))}
+        from zoo.world.speech import render_speech
 
         seed = stable_seed("shapes-speech", self.seed, split, index)
         wave = render_speech(self.world.caption(scene), seed=seed, sample_rate=self.sample_rate)
@@ -205,14 +203,14 @@ class _ManifestLoader:
     sample_rate: int
 
     def __call__(self, sample: dict) -> dict[str, Any]:
-        from zoo import media
+        from zoo.media import load_audio, load_image, load_video
 
         if self.kind == "image":
-            item: dict[str, Any] = {"pixels": media.load_image(sample["image"], self.size)}
+            item: dict[str, Any] = {"pixels": load_image(sample["image"], self.size)}
         elif self.kind == "video":
-            item = {"pixels": media.load_video(sample["video"], self.frames, self.size)}
+            item = {"pixels": load_video(sample["video"], self.frames, self.size)}
         else:
-            item = {"audio": media.load_audio(sample["audio"], self.sample_rate)}
+            item = {"audio": load_audio(sample["audio"], self.sample_rate)}
         return {**item, "text": sample.get("text", "")}
 
 

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Iterator
 from itertools import accumulate, islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -38,23 +38,20 @@ from zoo.datamodules.loaders import ReportingLoader
 from zoo.datamodules.media_samples import MediaSample, MediaSpec, PairedSample, decode_media
 from zoo.datamodules.mixture import SourcePart, describe_mixture, held_out_tail, weighted_part
 from zoo.datamodules.paired_documents import (
-    GENERATION,
-    UNDERSTANDING,
     DocumentMaker,
     Draw,
     InterleavedMedia,
     MediaSupport,
     draw,
 )
+from zoo.datamodules.requests import MediaRequest, MediaRequests
 from zoo.datamodules.sequence import Document, MediaLayout
 from zoo.datamodules.shards import SampleFormat, Shard
 from zoo.datamodules.sources import PairedSource
 from zoo.datamodules.streaming import StreamDataset
+from zoo.task_names import GENERATION, Task
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
-
-if TYPE_CHECKING:  # the task layer imports datamodules; only the annotation points up
-    from zoo.tasks.multimodal_eval import MediaRequest
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +338,6 @@ class PairedDataModule(DocumentDataModule):
     def predict_requests(self) -> list[MediaRequest]:
         """What `zoo predict` answers: validation samples in every enabled task their media allow, the
         captions to render, the files to caption. A request that cannot be made is reported, not raised."""
-        from zoo.tasks.multimodal_eval import MediaRequest
-
         if self.tokenizer is None:
             self.setup("predict")
         self.check_sources()
@@ -376,12 +371,7 @@ class PairedDataModule(DocumentDataModule):
                         return
 
     def sample_requests(self, maker: DocumentMaker, name: str, sample: PairedSample) -> list[MediaRequest]:
-        from zoo.tasks.multimodal_eval import MediaRequest
-
-        generate = {"image": "text_to_image", "video": "text_to_video", "audio": "text_to_audio"}[sample.kind]
-        understand = {"image": "image_to_text", "video": "video_to_text", "audio": "audio_to_text"}[
-            sample.kind
-        ]
+        generate, understand = Task.generating(sample.kind), Task.understanding(sample.kind)
         requests = []
         if self.enabled(understand):
             document = maker.understanding_prompt(sample.media, self.prompt_of(understand), sample.name)
@@ -394,10 +384,9 @@ class PairedDataModule(DocumentDataModule):
     def file_request(self, maker: DocumentMaker, path: str) -> MediaRequest:
         """A caption request for an image, video or audio file; a bad file gives a request with its error."""
         from zoo.media import kind_of
-        from zoo.tasks.multimodal_eval import MediaRequest
 
         kind = kind_of(path) or "image"
-        task = dict(zip(("image", "video", "audio"), UNDERSTANDING, strict=True))[kind]
+        task = Task.understanding(kind)
         try:
             media = decode_media(kind, path, self.spec)
             document = maker.understanding_prompt(media, self.prompt_of(task), path)
@@ -406,8 +395,6 @@ class PairedDataModule(DocumentDataModule):
         return MediaRequest(task, Path(path).stem, document=document)
 
     def predict_dataloader(self) -> DataLoader:
-        from zoo.tasks.multimodal_eval import MediaRequests
-
         return DataLoader(self.predict_requests(), batch_size=self.batch_size, collate_fn=MediaRequests)
 
 

@@ -1,8 +1,8 @@
 """Stage (b) of paired data: a media sample and a task become the `Document` ShapesWorld makes for that task.
 
-The task names and document shapes are ShapesWorld's (`zoo.datamodules.shapes_multimodal.TASKS`), so that
-metrics, configs and the model see one format whatever the data; `interleaved` is added for documents of
-texts and media in any order:
+The tasks (`zoo.task_names.Task`) and document shapes are ShapesWorld's (`zoo.datamodules.shapes_multimodal`),
+so that metrics, configs and the model see one format whatever the data; `interleaved` is added for documents
+of texts and media in any order:
 
     caption          <bos> caption <eos>
     text_to_image    <bos> caption <boi> image <eoi> <eos>      (`uncond`: the caption dropped)
@@ -45,21 +45,18 @@ from zoo.datamodules.sequence import (
     VisualSegment,
     document_length,
 )
-from zoo.datamodules.shapes_multimodal import TASKS
+from zoo.task_names import Task
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 
-PAIRED_TASKS = (*TASKS, "interleaved")
-GENERATION = ("text_to_image", "text_to_video", "text_to_audio")
-UNDERSTANDING = ("image_to_text", "video_to_text", "audio_to_text")
-TASKS_OF_KIND: dict[SampleKind, tuple[str, ...]] = {
-    "image": ("caption", "text_to_image", "image_to_text"),
-    "video": ("caption", "text_to_video", "video_to_text"),
-    "audio": ("caption", "text_to_audio", "audio_to_text"),
-    "interleaved": ("interleaved",),
+# The tasks a sample of each kind can serve, in the order its task is drawn among them.
+TASKS_OF_KIND: dict[SampleKind, tuple[Task, ...]] = {
+    **{
+        kind: (Task.CAPTION, Task.generating(kind), Task.understanding(kind))
+        for kind in ("image", "video", "audio")
+    },
+    "interleaved": (Task.INTERLEAVED,),
 }
-GUIDED = ("text_to_image", "text_to_video")  # the tasks whose captions drop out for classifier-free guidance
-OPENERS = {"text_to_image": "<boi>", "text_to_video": "<bov>", "text_to_audio": "<boa>"}
 InterleavedMedia = Literal["input", "predict"]
 
 
@@ -141,17 +138,17 @@ class MediaSupport:
         if not ok:
             raise BadSample(f"{where}: cannot take {what}")
 
-    def tasks(self, image_context: bool) -> frozenset[str]:
+    def tasks(self, image_context: bool) -> frozenset[Task]:
         """The tasks a model with these media can train."""
-        tasks = {"caption", "interleaved"}
+        tasks = {Task.CAPTION, Task.INTERLEAVED}
         if self.image:
-            tasks.add("text_to_image")
+            tasks.add(Task.TEXT_TO_IMAGE)
         if self.context if image_context else self.image:
-            tasks.add("image_to_text")
+            tasks.add(Task.IMAGE_TO_TEXT)
         if self.video:
-            tasks |= {"text_to_video", "video_to_text"}
+            tasks |= {Task.TEXT_TO_VIDEO, Task.VIDEO_TO_TEXT}
         if self.audio:
-            tasks |= {"text_to_audio", "audio_to_text"}
+            tasks |= {Task.TEXT_TO_AUDIO, Task.AUDIO_TO_TEXT}
         return frozenset(tasks)
 
 
@@ -160,7 +157,7 @@ class Draw:
     """What a sample is in one epoch: its task, whether its caption is dropped (guidance), the seed of its
     texts' BPE-dropout."""
 
-    task: str
+    task: Task
     uncond: bool
     text_seed: int
 
@@ -176,13 +173,13 @@ def draw(
 ) -> Draw:
     """The draws of the sample keyed `key` (its identity) in `epoch` (module docstring)."""
     task = draw_task(sample, weights, supported, seed, epoch, key)
-    uncond = task in GUIDED and draws_uncond(uncond_prob, seed, epoch, key)
+    uncond = task.guided and draws_uncond(uncond_prob, seed, epoch, key)
     return Draw(task, uncond, random.Random(f"zoo.paired.text/{seed}/{epoch}/{key}").getrandbits(31))
 
 
 def draw_task(
     sample: MediaSample, weights: TaskWeights, supported: frozenset[str], seed: int, epoch: int, key: object
-) -> str:
+) -> Task:
     """The task of the sample keyed `key` in `epoch`, a function of (seed, epoch, key) and the weights of
     the tasks the sample's media and the model allow; `BadSample` when none has a positive weight."""
     names = [t for t in TASKS_OF_KIND[sample.kind] if t in supported and weights.of(t) > 0]
@@ -247,8 +244,8 @@ class DocumentMaker:
         uncond: bool = False,
         text_seed: int | None = None,
     ) -> Document:
-        if task not in PAIRED_TASKS:
-            raise ValueError(f"unknown task {task!r}; known: {', '.join(PAIRED_TASKS)}")
+        if task not in set(Task):
+            raise ValueError(f"unknown task {task!r}; known: {', '.join(Task)}")
         if task not in TASKS_OF_KIND[sample.kind]:
             raise ValueError(f"{sample.name}: a {sample.kind} sample cannot make a {task} document")
         if isinstance(sample, InterleavedSample):
@@ -275,11 +272,11 @@ class DocumentMaker:
     ) -> Document:
         vocab, caption = self.vocab, self.ids(sample.caption, text_seed)
         eos = TextSegment([vocab.eos_id])
-        if task == "caption":
+        if task == Task.CAPTION:
             if not prompt:
                 return [TextSegment([vocab.bos_id, *caption, vocab.eos_id])]
             return [self.opening(prompt), TextSegment([*caption, vocab.eos_id])]
-        if task in GENERATION:
+        if Task(task).generates:
             media = self.media(sample.media, predict=True, where=sample.name)
             if uncond:
                 return [TextSegment([vocab.bos_id]), media, eos]
@@ -317,7 +314,7 @@ class DocumentMaker:
     # -- prompts for generation and understanding (zoo predict) ------------------------------------
     def generation_prompt(self, task: str, caption: str, prompt: str = "") -> list[int]:
         """Unified ids of a caption-to-media prompt, ending with the media's opening token."""
-        return [*self.opening(prompt).ids, *self.ids(caption), self.vocab.special(OPENERS[task])]
+        return [*self.opening(prompt).ids, *self.ids(caption), self.vocab.special(Task(task).opener)]
 
     def understanding_prompt(self, media: Media, prompt: str = "", where: str = "") -> Document:
         """A media-to-caption prompt document: `<bos>` (prompt), then the media, read not predicted."""

@@ -14,10 +14,12 @@ A document is a list of segments; each segment lays out its own groups:
 - `ContextSegment`: an image seen by the vision encoder: `<boi>`, one group of encoder tokens (no
   targets), `<eoi>`.
 
-Media travel as pixels or waveforms in `GroupBatch.payloads`, with per-position slots that say which
-visual token / audio frame / context token a position holds, so the model can encode them once per
-batch and scatter the results. Documents are packed greedily into rows of `seq_len`; a document never
-spans two rows and never sees another (the mask keys on `doc_id`).
+Media travel as pixels, waveforms or codes in the batch's typed payloads (`zoo.batch.VisualPayload`,
+`AudioPayload`, `ContextPayload`), with per-position slots that say which visual token / audio frame /
+context token a position holds, so the model can encode them once per batch and scatter the results; the
+visual and audio targets (which token or frame a position predicts) are in `GroupBatch.targets`.
+Documents are packed greedily into rows of `seq_len`; a document never spans two rows and never sees
+another (the mask keys on `doc_id`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from zoo.batch import IGNORE_INDEX, PAD_DOC, GroupBatch, Modality, scale_coordinates
+from zoo.batch import (
+    IGNORE_INDEX,
+    NO_SLOT,
+    PAD_DOC,
+    AudioItem,
+    AudioPayload,
+    ContextPayload,
+    GroupBatch,
+    Modality,
+    VisualItem,
+    VisualPayload,
+    scale_coordinates,
+)
 from zoo.tokenizers.vocab import UnifiedVocab
-
-NO_SLOT = -1
 
 
 @dataclass
@@ -292,11 +304,11 @@ class _RowWriter:
         if segment.codes is not None:
             frames = len(segment.codes)
             offset = sum(len(c) for c in self.media["audio_codes"])
-            self.media["audio_items"].append((1, offset, first, frames))
+            self.media["audio_items"].append((AudioItem.CODES, offset, first, frames))
             self.media["audio_codes"].append(segment.codes)
         else:
             frames = layout.audio_frames(len(segment.wave))
-            self.media["audio_items"].append((0, len(self.media["audio"]), first, frames))
+            self.media["audio_items"].append((AudioItem.WAVE, len(self.media["audio"]), first, frames))
             self.media["audio"].append(segment.wave)
         boa = self.text(vocab.special("<boa>"), True)
         self.media_break()
@@ -469,55 +481,58 @@ class SequenceBuilder:
             raise TypeError(f"unknown segment type {type(segment).__name__}")
 
     def _batch(self, out: dict[str, Tensor], media: dict[str, list]) -> GroupBatch:
-        payloads: dict[str, Tensor] = {}
+        targets = {"text": out["targets"]}
+        visual = audio = context = None
         if media["visual_items"]:
-            payloads["visual_slot"] = out["visual_slot"]
-            payloads["visual_scale"] = out["visual_scale"]
-            payloads["visual_target"] = out["visual_target"]
-            payloads["visual_scales"] = torch.tensor(self.layout.visual_scales)
-            # Per item in token order: (kind, index among its kind, first token, latent frames), kind 0 an
-            # image, 1 a video, 2 given codes (index = offset into `visual_codes`).
-            kinds = {"image": 0, "video": 1, "codes": 2}
-            payloads["visual_items"] = torch.tensor(
-                [(kinds[k], i, first, frames) for k, i, first, frames in media["visual_items"]]
+            kinds = {"image": VisualItem.IMAGE, "video": VisualItem.VIDEO, "codes": VisualItem.CODES}
+            items = [(kinds[k], i, first, frames) for k, i, first, frames in media["visual_items"]]
+            visual = VisualPayload(
+                items=torch.tensor(items),
+                slot=out["visual_slot"],
+                scale=out["visual_scale"],
+                scales=tuple(self.layout.visual_scales),
+                image_pixels=_stack(media["image"], "image") if media["image"] else None,
+                video_pixels=_stack(media["video"], "video") if media["video"] else None,
+                codes=torch.cat(media["codes"]) if media["codes"] else None,
             )
-            if media["codes"]:
-                payloads["visual_codes"] = torch.cat(media["codes"])
-            for key in ("image", "video"):
-                if media[key]:
-                    payloads[f"{key}_pixels"] = _stack(media[key], key)
+            targets["visual"] = out["visual_target"]
         if media["audio_items"]:
-            # Per item in frame order: (kind, index, first frame, frames); kind 0 a waveform (index among
-            # the waveforms), 1 given codes (index = first row in `audio_codes`).
-            payloads["audio_items"] = torch.tensor(media["audio_items"])
-            waves = media["audio"]
-            if waves:
-                lengths = torch.tensor([len(w) for w in waves])
-                padded = torch.zeros(len(waves), int(lengths.max()))
-                for i, w in enumerate(waves):
-                    padded[i, : len(w)] = w
-                payloads.update(audio_waves=padded, audio_lengths=lengths)
-            if media["audio_codes"]:
-                payloads["audio_codes"] = torch.cat(media["audio_codes"])
-            payloads.update(
-                audio_slot=out["audio_slot"],
-                audio_target=out["audio_target"],
-                audio_end=out["audio_end"],
-                audio_hop=torch.tensor(self.layout.audio_hop),
+            waves, lengths = _pad_waves(media["audio"]) if media["audio"] else (None, None)
+            audio = AudioPayload(
+                items=torch.tensor(media["audio_items"]),
+                slot=out["audio_slot"],
+                hop=self.layout.audio_hop,
+                waves=waves,
+                lengths=lengths,
+                codes=torch.cat(media["audio_codes"]) if media["audio_codes"] else None,
             )
+            targets["audio"], targets["audio_end"] = out["audio_target"], out["audio_end"]
         if media["context"]:
-            payloads["context_pixels"] = _stack(media["context"], "context image")
-            payloads["context_slot"] = out["context_slot"]
-            payloads["context_grid"] = torch.tensor(self.layout.context_grid)
+            context = ContextPayload(
+                pixels=_stack(media["context"], "context image"),
+                slot=out["context_slot"],
+                grid=tuple(self.layout.context_grid),
+            )
         return GroupBatch(
             input_ids=out["ids"],
             modality=out["modality"],
             group_id=out["group"],
             doc_id=out["doc"],
             positions=out["positions"],
-            targets={"text": out["targets"]},
-            payloads=payloads,
+            targets=targets,
+            visual=visual,
+            audio=audio,
+            context=context,
         )
+
+
+def _pad_waves(waves: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Waveforms `[N, longest]`, zero-padded, and their lengths `[N]`."""
+    lengths = torch.tensor([len(w) for w in waves])
+    padded = torch.zeros(len(waves), int(lengths.max()))
+    for i, w in enumerate(waves):
+        padded[i, : len(w)] = w
+    return padded, lengths
 
 
 def _stack(tensors: list[Tensor], what: str) -> Tensor:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from zoo.datamodules.shapes import SPLITS, ShapesWorld
+from zoo.world.scenes import SPLITS, ShapesWorld
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class _CascadeRender:
         return self.n
 
     def __getitem__(self, index: int) -> dict[str, Tensor | int]:
-        from zoo.datamodules.shapes_render import render_image, to_tensor
+        from zoo.world.render import render_image, to_tensor
 
         scene = self.world.scene(index, self.split)
         return {

@@ -8,9 +8,9 @@ The image, video and audio issues add documents that pair a caption with its ren
 from __future__ import annotations
 
 from zoo.datamodules.documents import DocumentDataModule
-from zoo.datamodules.shapes import Scene, ShapesWorld, caption, parse_caption
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+from zoo.world.scenes import Scene, ShapesWorld, caption, parse_caption
 
 
 class ShapesDataModule(DocumentDataModule):

@@ -1,7 +1,7 @@
 """ShapesWorld in every modality for the unified model: captions, images, videos and speech as documents.
 
-Each training document is one scene seen through one task, drawn per (seed, epoch, index) with the
-task weights below, so one batch mixes modalities and the router sees all of them:
+Each training document is one scene seen through one task (`zoo.task_names.Task`), drawn per (seed, epoch,
+index) with the task weights below, so one batch mixes modalities and the router sees all of them:
 
     caption          <bos> caption <eos>
     text_to_image    <bos> caption <boi> image <eoi> <eos>       (caption dropped with p = uncond_prob)
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader
 
 from zoo.datamodules.documents import DocumentDataModule
+from zoo.datamodules.requests import MediaRequest, MediaRequests
 from zoo.datamodules.sequence import (
     AudioSegment,
     ContextSegment,
@@ -35,24 +35,12 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.datamodules.shapes import Scene, ShapesWorld, parse_caption, stable_seed
-from zoo.datamodules.shapes_render import render_image, render_video, to_tensor
-from zoo.datamodules.shapes_speech import SAMPLE_RATE, render_speech
+from zoo.task_names import SHAPES_TASKS, Task
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
-
-if TYPE_CHECKING:  # the task layer imports this module; only the annotation points up
-    from zoo.tasks.multimodal_eval import MediaRequest
-
-TASKS = (
-    "caption",
-    "text_to_image",
-    "image_to_text",
-    "text_to_video",
-    "video_to_text",
-    "text_to_audio",
-    "audio_to_text",
-)
+from zoo.world.render import render_image, render_video, to_tensor
+from zoo.world.scenes import Scene, ShapesWorld, parse_caption, stable_seed
+from zoo.world.speech import SAMPLE_RATE, render_speech
 
 
 class ShapesMultimodalDataModule(DocumentDataModule):
@@ -130,16 +118,15 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             audio_to_text_weight,
         )
         if min(weights) < 0 or sum(weights) <= 0:
-            raise ValueError(
-                f"task weights must be >= 0 with a positive sum, got {dict(zip(TASKS, weights, strict=True))}"
-            )
+            named = dict(zip(map(str, SHAPES_TASKS), weights, strict=True))
+            raise ValueError(f"task weights must be >= 0 with a positive sum, got {named}")
         if not 0.0 <= uncond_prob < 1.0:
             raise ValueError(f"uncond_prob must lie in [0, 1), got {uncond_prob}")
         if train_size < 1 or val_size < 1:
             raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
         layout.latent_frames(video_frames)  # refuses a frame count that does not fit the stride
         self.layout = layout
-        self.weights = dict(zip(TASKS, weights, strict=True))
+        self.weights: dict[str, float] = dict(zip(SHAPES_TASKS, weights, strict=True))
         self.uncond_prob, self.image_context = uncond_prob, image_context
         self.image_size, self.video_frames = image_size, video_frames
         self.world = ShapesWorld(seed=world_seed, min_objects=min_objects, max_objects=max_objects)
@@ -166,11 +153,11 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         return TextTokenizer.train(texts, vocab_size=self.tokenizer_size, min_frequency=2)
 
     # -- documents ----------------------------------------------------------------------------------
-    def task_of(self, split: str, index: int, epoch: int) -> str:
+    def task_of(self, split: str, index: int, epoch: int) -> Task:
         rng = random.Random(
             stable_seed("multimodal-task", self.seed, split, index, epoch if split == "train" else 0)
         )
-        names = [t for t in TASKS if self.weights[t] > 0]
+        names = [t for t in SHAPES_TASKS if self.weights[t] > 0]
         return rng.choices(names, weights=[self.weights[t] for t in names])[0]
 
     def caption_ids(self, text: str) -> list[int]:
@@ -192,56 +179,55 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         return self.task_document(task, split, index, epoch)
 
     def task_document(self, task: str, split: str, index: int, epoch: int = 0) -> Document:
-        """The document of `task` for scene `index` of `split`."""
+        """The document of `task` (a `Task`) for scene `index` of `split`."""
         vocab = self.vocab
-        video = task in ("text_to_video", "video_to_text")
+        video = task in (Task.TEXT_TO_VIDEO, Task.VIDEO_TO_TEXT)
         world = self.motion_world if video else self.world
         scene = world.scene(index, split)
         caption = self.caption_ids(world.caption(scene))
         bos, eos = TextSegment([vocab.bos_id]), TextSegment([vocab.eos_id])
         rng = random.Random(stable_seed("multimodal-uncond", self.seed, split, index, epoch))
-        if task == "caption":
+        if task == Task.CAPTION:
             return [TextSegment([vocab.bos_id, *caption, vocab.eos_id])]
-        if task in ("text_to_image", "text_to_video"):
+        if task in (Task.TEXT_TO_IMAGE, Task.TEXT_TO_VIDEO):
             media = VisualSegment(self.video(scene) if video else self.image(scene))
             if split == "train" and rng.random() < self.uncond_prob:
                 return [bos, media, eos]
             return [TextSegment([vocab.bos_id, *caption], predict=False), media, eos]
-        if task == "image_to_text":
+        if task == Task.IMAGE_TO_TEXT:
             pixels = self.image(scene)
             media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
             return [bos, media, TextSegment([*caption, vocab.eos_id])]
-        if task == "video_to_text":
+        if task == Task.VIDEO_TO_TEXT:
             return [
                 bos,
                 VisualSegment(self.video(scene), predict=False),
                 TextSegment([*caption, vocab.eos_id]),
             ]
         spoken = self.speech(world.caption(scene), split, index, epoch)
-        if task == "text_to_audio":
+        if task == Task.TEXT_TO_AUDIO:
             return [TextSegment([vocab.bos_id, *caption], predict=False), AudioSegment(spoken), eos]
-        if task == "audio_to_text":
+        if task == Task.AUDIO_TO_TEXT:
             return [bos, AudioSegment(spoken, predict=False), TextSegment([*caption, vocab.eos_id])]
-        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(SHAPES_TASKS)}")
 
     def score_text(self, text: str) -> dict[str, float]:
         """A generated caption is grammatical when the ShapesWorld parser reads a scene from it."""
         return {"grammatical": float(parse_caption(text) is not None)}
 
     # -- zoo predict --------------------------------------------------------------------------------
-    def predict_requests(self) -> list:
+    def predict_requests(self) -> list[MediaRequest]:
         """What `zoo predict` answers: val scenes per enabled task, the extra captions, the files."""
         from zoo.media import MediaError
-        from zoo.tasks.multimodal_eval import GENERATION, MediaRequest
 
         if self.tokenizer is None:
             self.setup("predict")
         requests = []
-        for task in (t for t in TASKS if t != "caption" and self.weights[t] > 0):
-            world = self.motion_world if "video" in task else self.world
+        for task in (t for t in SHAPES_TASKS if t is not Task.CAPTION and self.weights[t] > 0):
+            world = self.motion_world if task.media == "video" else self.world
             for i, scene in enumerate(world.scenes("val", self.predict_scenes)):
                 name = f"val{i:03d}"
-                if task in GENERATION:
+                if task.generates:
                     prompt = self.generation_prompt(task, scene)
                     requests.append(MediaRequest(task, name, prompt, scene=scene))
                 else:
@@ -249,9 +235,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
                     requests.append(MediaRequest(task, name, document=document, scene=scene))
         for i, text in enumerate(self.predict_captions):
             ids = [self.vocab.bos_id, *self.caption_ids(text)]
-            for task, opener in (("text_to_image", "<boi>"), ("text_to_audio", "<boa>")):
+            for task in (Task.TEXT_TO_IMAGE, Task.TEXT_TO_AUDIO):
                 if self.weights[task] > 0:
-                    requests.append(MediaRequest(task, f"caption{i:03d}", [*ids, self.vocab.special(opener)]))
+                    prompt = [*ids, self.vocab.special(task.opener)]
+                    requests.append(MediaRequest(task, f"caption{i:03d}", prompt))
         for path in self.predict_files:
             try:
                 requests.append(self.file_request(path))
@@ -260,21 +247,20 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         return requests
 
     @staticmethod
-    def file_task(path: str) -> str:
+    def file_task(path: str) -> Task:
         """The understanding task a file asks for, by its kind (`zoo.media.kind_of`; unknown: an image)."""
         from zoo.media import kind_of
 
-        return {"audio": "audio_to_text", "video": "video_to_text"}.get(kind_of(path) or "", "image_to_text")
+        return Task.understanding(kind_of(path) or "image")
 
     def file_request(self, path: str) -> MediaRequest:
         """A caption request for an image, a video or an audio file."""
         from zoo.media import load_audio, load_image, load_video
-        from zoo.tasks.multimodal_eval import MediaRequest
 
         bos, task = TextSegment([self.vocab.bos_id]), self.file_task(path)
-        if task == "audio_to_text":
+        if task == Task.AUDIO_TO_TEXT:
             media = AudioSegment(load_audio(path), predict=False)
-        elif task == "video_to_text":
+        elif task == Task.VIDEO_TO_TEXT:
             video = load_video(path, frames=self.video_frames, size=self.image_size)
             media = VisualSegment(video, predict=False)
         else:
@@ -283,28 +269,26 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         return MediaRequest(task, Path(path).stem, document=[bos, media])
 
     def predict_dataloader(self) -> DataLoader:
-        from zoo.tasks.multimodal_eval import MediaRequests
-
         return DataLoader(self.predict_requests(), batch_size=self.batch_size, collate_fn=MediaRequests)
 
     # -- prompts for evaluation and the gallery ------------------------------------------------------
     def generation_prompt(self, task: str, scene: Scene) -> list[int]:
         """Unified ids of a caption-to-media prompt ending with the media's opening token."""
-        world = self.motion_world if task == "text_to_video" else self.world
-        opener = {"text_to_image": "<boi>", "text_to_video": "<bov>", "text_to_audio": "<boa>"}[task]
+        world = self.motion_world if task == Task.TEXT_TO_VIDEO else self.world
+        opener = Task(task).opener
         return [self.vocab.bos_id, *self.caption_ids(world.caption(scene)), self.vocab.special(opener)]
 
     def understanding_prompt(self, task: str, scene: Scene, index: int = 0, split: str = "val") -> Document:
         """A media-to-caption prompt document (media then nothing: the model writes the caption)."""
         bos = TextSegment([self.vocab.bos_id])
-        if task == "image_to_text":
+        if task == Task.IMAGE_TO_TEXT:
             pixels = self.image(scene)
             return [
                 bos,
                 ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False),
             ]
-        if task == "video_to_text":
+        if task == Task.VIDEO_TO_TEXT:
             return [bos, VisualSegment(self.video(scene), predict=False)]
-        if task == "audio_to_text":
+        if task == Task.AUDIO_TO_TEXT:
             return [bos, AudioSegment(self.speech(self.world.caption(scene), split, index, 0), predict=False)]
         raise ValueError(f"{task!r} is not an understanding task")

@@ -31,7 +31,7 @@ from zoo.models.elastic import ElasticConfig
 from zoo.models.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from zoo.models.unified import UnifiedModel
+    from zoo.models.decodable import DecodingModel
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -61,7 +61,7 @@ def text_batch(ids: Tensor, doc_id: Tensor, index: Tensor) -> GroupBatch:
     )
 
 
-def text_prompts(model: UnifiedModel, prompts: list[list[int]]) -> GroupBatch:
+def text_prompts(model: DecodingModel, prompts: list[list[int]]) -> GroupBatch:
     """Unified-id prompts as a left-padded text batch on the model's device."""
     return text_batch(*left_pad(prompts, model.vocab.pad_id, next(model.parameters()).device))
 
@@ -81,7 +81,7 @@ def step_batch(
 
 def append_positions(batch: GroupBatch, step: GroupBatch) -> GroupBatch:
     """`batch` followed by a step's positions: the whole sequence, for decoding without a cache."""
-    if batch.payloads:
+    if batch.has_media:
         raise ValueError("decoding without a cache re-embeds the whole sequence: only text prompts can")
     return GroupBatch(
         input_ids=torch.cat([batch.input_ids, step.input_ids], dim=1),
@@ -161,7 +161,7 @@ class Recording:
 
 
 def prefill(
-    model: UnifiedModel,
+    model: DecodingModel,
     batch: GroupBatch,
     extra: int,
     recording: Recording | None = None,
@@ -179,7 +179,7 @@ def prefill(
 
 
 def text_step(
-    model: UnifiedModel,
+    model: DecodingModel,
     cache: KVCache | None,
     ids: Tensor,
     cursor: Cursor,
@@ -201,7 +201,7 @@ def text_step(
 
 
 def visual_scale_step(
-    model: UnifiedModel,
+    model: DecodingModel,
     cache: KVCache,
     codes: list[Tensor],
     frame: int,
@@ -251,7 +251,7 @@ def guided_logits(logits: Tensor, guidance: float, conditional: int) -> Tensor:
 
 
 def audio_frame_step(
-    model: UnifiedModel,
+    model: DecodingModel,
     cache: KVCache,
     codes: Tensor,
     cursor: Cursor,
@@ -269,7 +269,7 @@ def audio_frame_step(
 
 
 def mtp_draft_step(
-    model: UnifiedModel, cache: KVCache, hidden: Tensor, next_ids: Tensor, cursor: Cursor
+    model: DecodingModel, cache: KVCache, hidden: Tensor, next_ids: Tensor, cursor: Cursor
 ) -> Tensor:
     """The first MTP module over positions the backbone just fed (`hidden` `[R, n, D]`), each reading the
     id that follows it (`next_ids` `[R, n]`); returns its states, whose logits draft the id after that.

@@ -23,10 +23,10 @@ from zoo.models.kv_cache import KVCache
 from zoo.models.sampling import Sampler
 
 if TYPE_CHECKING:
-    from zoo.models.unified import UnifiedModel
+    from zoo.models.decodable import DecodingModel
 
 
-def check_prompts(model: UnifiedModel, prompts: list[list[int]], max_new_tokens: int) -> None:
+def check_prompts(model: DecodingModel, prompts: list[list[int]], max_new_tokens: int) -> None:
     if not prompts:
         raise ValueError("no prompts given")
     for i, prompt in enumerate(prompts):
@@ -45,7 +45,7 @@ def check_prompts(model: UnifiedModel, prompts: list[list[int]], max_new_tokens:
 
 @torch.no_grad()
 def stream_text(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompt: GroupBatch,
     max_new_tokens: int,
     sampler: Sampler,
@@ -87,7 +87,7 @@ def stream_text(
 
 @torch.no_grad()
 def generate_text(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompts: list[list[int]],
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -121,7 +121,7 @@ def collect(stream: Iterator[tuple[Tensor, Tensor]], rows: int) -> list[list[int
 
 @torch.no_grad()
 def speculative_generate(
-    model: UnifiedModel, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | None = None
+    model: DecodingModel, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] | None = None
 ) -> tuple[list[int], float]:
     """Greedy decoding with the first MTP module drafting one token ahead (self-speculation).
 

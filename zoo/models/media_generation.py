@@ -34,10 +34,10 @@ from zoo.models.generation import collect, stream_text
 from zoo.models.sampling import Sampler
 
 if TYPE_CHECKING:
-    from zoo.models.unified import UnifiedModel
+    from zoo.models.decodable import DecodingModel
 
 
-def _check_prompt_ends(model: UnifiedModel, prompts: list[list[int]], allowed: tuple[str, ...]) -> None:
+def _check_prompt_ends(model: DecodingModel, prompts: list[list[int]], allowed: tuple[str, ...]) -> None:
     if not prompts:
         raise ValueError("no prompts given")
     ends = {model.vocab.special(name) for name in allowed}
@@ -50,7 +50,7 @@ def _check_prompt_ends(model: UnifiedModel, prompts: list[list[int]], allowed: t
 
 @torch.no_grad()
 def draw_visual(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompts: list[list[int]],
     frames: int,
     sampler: Sampler,
@@ -95,7 +95,7 @@ def draw_visual(
 
 @torch.no_grad()
 def generate_visual(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompts: list[list[int]],
     frames: int = 1,
     cfg_scale: float = 0.0,
@@ -115,7 +115,7 @@ def generate_visual(
 
 @torch.no_grad()
 def speak(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompts: list[list[int]],
     max_frames: list[int],
     sampler: Sampler,
@@ -165,7 +165,7 @@ def speak(
 
 @torch.no_grad()
 def generate_audio(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompts: list[list[int]],
     max_frames: int,
     temperature: float = 1.0,
@@ -182,7 +182,7 @@ def generate_audio(
 
 @torch.no_grad()
 def generate_text_after(
-    model: UnifiedModel,
+    model: DecodingModel,
     prompt: GroupBatch,
     max_new_tokens: int,
     temperature: float = 1.0,

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.batch import GroupBatch
+from zoo.batch import AudioItem, AudioPayload, GroupBatch
 from zoo.models.heads import HeadOutput
 from zoo.models.sampling import Sampler, entropy, log_probs
 from zoo.tokenizers.audio import AudioCodec
@@ -91,24 +91,23 @@ class NCP(nn.Module):
 
     # -- batch side -------------------------------------------------------------------------------
     @torch.no_grad()
-    def encode(self, batch: GroupBatch) -> Tensor:
-        """Codes `[N_frames, Q]` of every audio item of the batch, in frame order."""
-        hop = int(batch.payloads["audio_hop"])
+    def encode(self, payload: AudioPayload) -> Tensor:
+        """Codes `[N_frames, Q]` of every audio item of a batch, in frame order."""
+        hop = int(payload.hop)
         if hop != self.codec.hop:
             raise ValueError(
                 f"the batch lays out audio with hop {hop} but the codec's hop is {self.codec.hop}: "
                 "set the datamodule's layout.audio_hop to the codec's"
             )
-        payloads = batch.payloads
         codes = []
-        for kind, index, _, frames in payloads["audio_items"].tolist():
-            if kind == 1:  # codes given by the data (pre-tokenized, or generated and fed back)
-                item = payloads["audio_codes"][index : index + frames]
+        for kind, index, _, frames in payload.items.tolist():
+            if kind == AudioItem.CODES:  # codes given by the data (pre-tokenized, or generated and fed back)
+                item = payload.codes[index : index + frames]
             else:
                 # One item at a time: zero padding would leak into the last frames' receptive field and
                 # make an item's codes depend on what it was batched with.
-                n = int(payloads["audio_lengths"][index])
-                item = self.codec.encode(payloads["audio_waves"][index : index + 1, :n])[0]
+                n = int(payload.lengths[index])
+                item = self.codec.encode(payload.waves[index : index + 1, :n])[0]
             if item.shape != (frames, self.levels):
                 expected = f"[{frames}, {self.levels}]"
                 raise ValueError(f"audio item {index} has codes {list(item.shape)}, expected {expected}")
@@ -119,8 +118,8 @@ class NCP(nn.Module):
         """`[..., Q]` codes -> `[..., D]`: the sum of the level embeddings."""
         return self.input_embed(codes + self.offsets).sum(-2)
 
-    def embed(self, x: Tensor, batch: GroupBatch, frames: Tensor) -> Tensor:
-        slot = batch.payloads["audio_slot"]
+    def embed(self, x: Tensor, payload: AudioPayload, frames: Tensor) -> Tensor:
+        slot = payload.slot
         where = slot >= 0
         values = self.embed_codes(frames[slot[where]])
         return x.masked_scatter(where[..., None], values.to(x.dtype))
@@ -134,8 +133,8 @@ class NCP(nn.Module):
         return [head(out[:, q]) for q, head in enumerate(self.heads)]
 
     def forward(self, hidden: Tensor, batch: GroupBatch, frames: Tensor) -> HeadOutput:
-        target = batch.payloads["audio_target"]
-        end = batch.payloads["audio_end"]
+        target = batch.targets["audio"]
+        end = batch.targets["audio_end"]
         picked = (target >= 0) | end
         if not bool(picked.any()):
             zero = hidden.sum() * 0.0

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.batch import GroupBatch
+from zoo.batch import GroupBatch, VisualItem, VisualPayload
 from zoo.models.heads import HeadOutput
 from zoo.tokenizers.visual import VisualTokenizer
 
@@ -79,8 +79,8 @@ class NFSP(nn.Module):
         return sum(s * s for s in self.scales)
 
     # -- batch side -------------------------------------------------------------------------------
-    def check_layout(self, batch: GroupBatch) -> None:
-        scales = tuple(batch.payloads["visual_scales"].tolist())
+    def check_layout(self, payload: VisualPayload) -> None:
+        scales = tuple(payload.scales)
         if scales != self.scales:
             raise ValueError(
                 f"the batch lays out visual scales {scales} but the visual tokenizer has {self.scales}: "
@@ -88,25 +88,25 @@ class NFSP(nn.Module):
             )
 
     @torch.no_grad()
-    def encode(self, batch: GroupBatch) -> VisualCodes:
-        """Tokenize the batch's images and videos and lay their tokens out in the batch's token order."""
-        self.check_layout(batch)
+    def encode(self, payload: VisualPayload) -> VisualCodes:
+        """Tokenize a batch's images and videos and lay their tokens out in the batch's token order."""
+        self.check_layout(payload)
         encoded: dict[int, tuple[Tensor, Tensor]] = {}
-        for kind, key in ((0, "image_pixels"), (1, "video_pixels")):
-            if key not in batch.payloads:
+        given = ((VisualItem.IMAGE, payload.image_pixels), (VisualItem.VIDEO, payload.video_pixels))
+        for kind, pixels in given:
+            if pixels is None:
                 continue
-            pixels = batch.payloads[key]
-            if kind == 1 and not self.tokenizer.temporal:
+            if kind == VisualItem.VIDEO and not self.tokenizer.temporal:
                 raise ValueError("the batch holds videos but the visual tokenizer is 2D: use a causal 3D one")
-            if kind == 0 and self.tokenizer.temporal:
+            if kind == VisualItem.IMAGE and self.tokenizer.temporal:
                 pixels = pixels.unsqueeze(2)  # an image is a one-frame video (never temporally compressed)
             codes = self.tokenizer.encode(pixels)
             features = self.tokenizer.scale_inputs(codes)
             encoded[kind] = (flatten_scales(codes), flatten_scales(features))
         tokens, features = [], []
-        for kind, index, _, frames in batch.payloads["visual_items"].tolist():
-            if kind == 2:  # codes given by the data (pre-tokenized, or generated and fed back)
-                flat = batch.payloads["visual_codes"][index : index + frames * self.tokens_per_frame]
+        for kind, index, _, frames in payload.items.tolist():
+            if kind == VisualItem.CODES:  # codes given by the data (pre-tokenized, or generated and fed back)
+                flat = payload.codes[index : index + frames * self.tokens_per_frame]
                 per_scale = unflatten_scales(flat[None], self.scales, frames)
                 item_tokens = flat
                 item_features = flatten_scales(self.tokenizer.scale_inputs(per_scale))[0]
@@ -121,11 +121,11 @@ class NFSP(nn.Module):
             features.append(item_features)
         return VisualCodes(torch.cat(tokens), torch.cat(features).to(self.proj.weight.dtype))
 
-    def embed(self, x: Tensor, batch: GroupBatch, codes: VisualCodes) -> Tensor:
+    def embed(self, x: Tensor, payload: VisualPayload, codes: VisualCodes) -> Tensor:
         """Write the visual positions of `x` `[B, L, D]` (out of place)."""
-        slot = batch.payloads["visual_slot"]
+        slot = payload.slot
         where = slot >= 0
-        values = self.embed_features(codes.features[slot[where]], batch.payloads["visual_scale"][where])
+        values = self.embed_features(codes.features[slot[where]], payload.scale[where])
         return x.masked_scatter(where[..., None], values.to(x.dtype))
 
     def embed_features(self, features: Tensor, scale: Tensor) -> Tensor:
@@ -134,7 +134,7 @@ class NFSP(nn.Module):
 
     def forward(self, hidden: Tensor, batch: GroupBatch, codes: VisualCodes) -> HeadOutput:
         """Cross-entropy of the codes at the predicted visual positions."""
-        target_slot = batch.payloads["visual_target"]
+        target_slot = batch.targets["visual"]
         picked = target_slot >= 0
         if not bool(picked.any()):
             zero = hidden.sum() * 0.0

@@ -148,25 +148,24 @@ class UnifiedModel(Configurable, nn.Module):
     def encode_media(self, batch: GroupBatch) -> MediaInputs:
         """Tokenize / encode the media a batch carries (pixels, waveforms), once per forward."""
         media = MediaInputs()
-        payloads = batch.payloads
-        if "visual_items" in payloads:
+        if batch.visual is not None:
             if self.nfsp is None:
                 raise ValueError("the batch holds visual groups but the model has no visual_tokenizer")
-            media.visual = self.nfsp.encode(batch)
-        if "audio_items" in payloads:
+            media.visual = self.nfsp.encode(batch.visual)
+        if batch.audio is not None:
             if self.ncp is None:
                 raise ValueError("the batch holds audio groups but the model has no audio_codec")
-            media.audio = self.ncp.encode(batch)
-        if "context_pixels" in payloads:
+            media.audio = self.ncp.encode(batch.audio)
+        if batch.context is not None:
             if self.vision_encoder is None:
                 raise ValueError("the batch holds context images but the model has no vision_encoder")
-            grid = tuple(payloads["context_grid"].tolist())
+            grid = tuple(batch.context.grid)
             if grid != tuple(self.vision_encoder.grid):
                 raise ValueError(
                     f"the batch lays out {grid} context tokens per image but the vision encoder makes "
                     f"{tuple(self.vision_encoder.grid)}: set the datamodule's layout.context_grid"
                 )
-            tokens = self.vision_encoder(payloads["context_pixels"])
+            tokens = self.vision_encoder(batch.context.pixels)
             media.context = self.context_proj(tokens.flatten(0, 1))
         return media
 
@@ -175,15 +174,15 @@ class UnifiedModel(Configurable, nn.Module):
         text = batch.modality == Modality.TEXT
         ids = torch.where(text, batch.input_ids, self.vocab.pad_id)
         x = self.text_embed(ids)
-        if not batch.payloads:
+        if not batch.has_media:
             return x
         media = media or self.encode_media(batch)
         if media.visual is not None:
-            x = self.nfsp.embed(x, batch, media.visual)
+            x = self.nfsp.embed(x, batch.visual, media.visual)
         if media.audio is not None:
-            x = self.ncp.embed(x, batch, media.audio)
+            x = self.ncp.embed(x, batch.audio, media.audio)
         if media.context is not None:
-            slot = batch.payloads["context_slot"]
+            slot = batch.context.slot
             where = slot >= 0
             x = x.masked_scatter(where[..., None], media.context[slot[where]].to(x.dtype))
         return x

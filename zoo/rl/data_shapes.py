@@ -7,10 +7,10 @@
   <eoi>`, `<bos> <boa> speech <eoa>`, `<bos> <bov> clip <eov>`); the policy writes the caption, rewarded
   with its attribute accuracy against the scene (`zoo.rl.verifiers.verify_shapes_caption`);
 - generation ("text_to_image"): the prompt is `<bos> caption <boi>`; the policy draws the image by NFSP
-  (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `shapes_render.verify_image` reads
+  (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `zoo.world.render.verify_image` reads
   back from the decoded pixels (`verify_shapes_image`);
 - speech ("text_to_audio"): the prompt is `<bos> caption <boa>`; the policy speaks by NCP, rewarded with
-  the share of the caption's words `shapes_speech.read_speech` hears in place in the decoded waveform
+  the share of the caption's words `zoo.world.speech.read_speech` hears in place in the decoded waveform
   (`verify_shapes_speech_words`: graded, where a whole scene read back from tiny-model speech is rare).
 
 Rewards are graded (1.0 iff every attribute is right), so the G responses of a query rarely tie. One
@@ -29,15 +29,16 @@ from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.rl.data import QueryDataModule
 from zoo.rl.prompts import Prompt, is_document
 from zoo.rl.records import Query
+from zoo.task_names import Task
 from zoo.tokenizers.vocab import UnifiedVocab
 
 # Task of the pretraining data -> the verifier task its queries carry.
 TASKS = {
-    "image_to_text": "image_caption",
-    "audio_to_text": "speech_caption",
-    "video_to_text": "video_caption",
-    "text_to_image": "caption_to_image",
-    "text_to_audio": "caption_to_speech",
+    Task.IMAGE_TO_TEXT: "image_caption",
+    Task.AUDIO_TO_TEXT: "speech_caption",
+    Task.VIDEO_TO_TEXT: "video_caption",
+    Task.TEXT_TO_IMAGE: "caption_to_image",
+    Task.TEXT_TO_AUDIO: "caption_to_speech",
 }
 _PROMPT_CACHE = 4096  # prompts kept (rendered speech is ~100 KB a prompt)
 
@@ -87,7 +88,7 @@ class ShapesRLDataModule(QueryDataModule):
         )
         unknown = [t for t in tasks if t not in TASKS]
         if not tasks or unknown:
-            raise ValueError(f"tasks must be among {sorted(TASKS)}, got {list(tasks)}")
+            raise ValueError(f"tasks must be among {sorted(map(str, TASKS))}, got {list(tasks)}")
         if heldout_split not in ("val", "test"):
             raise ValueError(f"heldout_split must be 'val' or 'test', got {heldout_split!r}")
         self.task_names = tuple(tasks)
@@ -96,11 +97,11 @@ class ShapesRLDataModule(QueryDataModule):
         self.scenes = ShapesMultimodalDataModule(
             vocab=vocab,
             layout=layout,
-            text_to_image_weight=float("text_to_image" in tasks),
-            text_to_audio_weight=float("text_to_audio" in tasks),
-            image_to_text_weight=float("image_to_text" in tasks),
-            video_to_text_weight=float("video_to_text" in tasks),
-            audio_to_text_weight=float("audio_to_text" in tasks),
+            text_to_image_weight=float(Task.TEXT_TO_IMAGE in tasks),
+            text_to_audio_weight=float(Task.TEXT_TO_AUDIO in tasks),
+            image_to_text_weight=float(Task.IMAGE_TO_TEXT in tasks),
+            video_to_text_weight=float(Task.VIDEO_TO_TEXT in tasks),
+            audio_to_text_weight=float(Task.AUDIO_TO_TEXT in tasks),
             image_context=image_context,
             image_size=image_size,
             video_frames=video_frames,
@@ -119,7 +120,7 @@ class ShapesRLDataModule(QueryDataModule):
         queries = []
         for index in range(n):
             task = self.task_names[index % len(self.task_names)]  # every modality an equal share
-            world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
+            world = self.scenes.motion_world if task == Task.VIDEO_TO_TEXT else self.scenes.world
             scene = world.scene(index, world_split)
             caption = world.caption(scene)
             query_id = f"{task}/{world_split}/{index}"
@@ -138,11 +139,11 @@ class ShapesRLDataModule(QueryDataModule):
             task, split, index = query.id.split("/")
             if len(self._prompts) >= _PROMPT_CACHE:
                 self._prompts.pop(next(iter(self._prompts)))
-            if task in ("text_to_image", "text_to_audio"):
-                opener = self.vocab.special("<boi>" if task == "text_to_image" else "<boa>")
+            if Task(task).generates:
+                opener = self.vocab.special(Task(task).opener)
                 self._prompts[query.id] = [self.vocab.bos_id, *self.encode_text(query.answer), opener]
             else:
-                world = self.scenes.motion_world if task == "video_to_text" else self.scenes.world
+                world = self.scenes.motion_world if task == Task.VIDEO_TO_TEXT else self.scenes.world
                 scene = world.scene(int(index), split)
                 self._prompts[query.id] = self.scenes.understanding_prompt(task, scene, int(index), split)
         return self._prompts[query.id]

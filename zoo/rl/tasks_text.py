@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from zoo.datamodules.shapes import stable_seed
 from zoo.rl.records import Query
+from zoo.world.scenes import stable_seed
 
 SPLITS = ("train", "heldout")
 

@@ -2,7 +2,7 @@
 
 A verifier is a plain module-level function `fn(query, output) -> float` (a reward, 1.0 = correct),
 where `output` is what the policy produced: a completion string for text tasks, a numpy image / video /
-waveform for ShapesWorld generation (`zoo.datamodules.shapes_render` / `shapes_speech`). Being a
+waveform for ShapesWorld generation (`zoo.world.render` / `zoo.world.speech`). Being a
 module-level function, it pickles by reference and runs in a worker process.
 
 `VerifierPool` runs verifiers in worker processes (forked from a clean forkserver by default: forking
@@ -53,43 +53,43 @@ def verify_sorted(query: Query, output: str) -> float:
 
 
 def verify_shapes_caption(query: Query, output: str) -> float:
-    """ShapesWorld caption reward: attribute accuracy (`zoo.datamodules.shapes.CaptionScore`) of the
+    """ShapesWorld caption reward: attribute accuracy (`zoo.world.scenes.CaptionScore`) of the
     completion against the scene the query's answer (the reference caption) describes; 1.0 iff exact."""
     scene = _scene_of(query)
     return verify_caption_score(_text(output), scene)
 
 
 def verify_caption_score(text: str, scene: Any) -> float:
-    from zoo.datamodules.shapes import verify_caption
+    from zoo.world.scenes import verify_caption
 
     return float(verify_caption(text, scene).attribute_accuracy)
 
 
 def verify_shapes_image(query: Query, output: Any) -> float:
-    """Generated image (uint8 HWC or float CHW) read back by `shapes_render.verify_image`."""
-    from zoo.datamodules.shapes_render import verify_image
+    """Generated image (uint8 HWC or float CHW) read back by `zoo.world.render.verify_image`."""
+    from zoo.world.render import verify_image
 
     return float(verify_image(output, _scene_of(query)).attribute_accuracy)
 
 
 def verify_shapes_video(query: Query, output: Any) -> float:
-    from zoo.datamodules.shapes_render import verify_video
+    from zoo.world.render import verify_video
 
     return float(verify_video(output, _scene_of(query)).attribute_accuracy)
 
 
 def verify_shapes_speech(query: Query, output: Any) -> float:
-    """Generated waveform (16 kHz float) read back by `shapes_speech.verify_speech`."""
-    from zoo.datamodules.shapes_speech import verify_speech
+    """Generated waveform (16 kHz float) read back by `zoo.world.speech.verify_speech`."""
+    from zoo.world.speech import verify_speech
 
     return float(verify_speech(output, _scene_of(query)).attribute_accuracy)
 
 
 def verify_shapes_speech_words(query: Query, output: Any) -> float:
     """Generated waveform: the share of the reference caption's words heard in place
-    (`shapes_speech.word_accuracy` of what `read_speech` hears), a graded reward where a whole scene rarely
+    (`zoo.world.speech.word_accuracy` of what `read_speech` hears), a graded reward where a whole scene rarely
     parses; an empty waveform hears nothing."""
-    from zoo.datamodules.shapes_speech import read_speech, word_accuracy
+    from zoo.world.speech import read_speech, word_accuracy
 
     heard = read_speech(output) if len(output) else ""
     return word_accuracy(query.answer, heard)
@@ -102,7 +102,7 @@ def _text(output: object) -> str:
 
 
 def _scene_of(query: Query) -> Any:
-    from zoo.datamodules.shapes import Scene, parse_caption
+    from zoo.world.scenes import Scene, parse_caption
 
     objects = parse_caption(query.answer)
     if objects is None:

@@ -25,18 +25,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from zoo.datamodules.requests import MediaRequest, MediaRequests
 from zoo.datamodules.sequence import AudioSegment, document_length
-from zoo.datamodules.shapes import CaptionScore, Scene, verify_caption
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
-from zoo.datamodules.shapes_render import verify_image, verify_video
-from zoo.datamodules.shapes_speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
 from zoo.media.writing import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
 from zoo.models.unified import UnifiedModel
-
-GENERATION = ("text_to_image", "text_to_video", "text_to_audio")
-UNDERSTANDING = ("image_to_text", "video_to_text", "audio_to_text")
+from zoo.task_names import GENERATION, UNDERSTANDING, Task
+from zoo.world.render import verify_image, verify_video
+from zoo.world.scenes import CaptionScore, Scene, verify_caption
+from zoo.world.speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
 
 
 @dataclass
@@ -57,16 +56,17 @@ class Evaluation:
     samples: list[Sample] = field(default_factory=list)
 
 
-def supported_tasks(model: UnifiedModel, data: ShapesMultimodalDataModule) -> list[str]:
+def supported_tasks(model: UnifiedModel, data: ShapesMultimodalDataModule) -> list[Task]:
     tasks = []
     for task in (*GENERATION, *UNDERSTANDING):
         if data.weights.get(task, 0) <= 0:
             continue
-        if "audio" in task and model.ncp is None:
+        if task.media == "audio" and model.ncp is None:
             continue
-        if "video" in task and (model.nfsp is None or not model.nfsp.tokenizer.temporal):
+        if task.media == "video" and (model.nfsp is None or not model.nfsp.tokenizer.temporal):
             continue
-        if "image" in task and model.nfsp is None and not (task == "image_to_text" and data.image_context):
+        context = task is Task.IMAGE_TO_TEXT and data.image_context
+        if task.media == "image" and model.nfsp is None and not context:
             continue
         tasks.append(task)
     return tasks
@@ -109,8 +109,8 @@ def evaluate(
     generator = torch.Generator(device=device).manual_seed(seed)
     cpu_generator = torch.Generator().manual_seed(seed)
     result = Evaluation()
-    for task in tasks or supported_tasks(model, data):
-        world = data.motion_world if "video" in task else data.world
+    for task in map(Task, tasks or supported_tasks(model, data)):
+        world = data.motion_world if task.media == "video" else data.world
         scenes = world.scenes(split, n)
         if task in GENERATION:
             _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_audio_frames,
@@ -122,9 +122,9 @@ def evaluate(
 
 
 def _verify(task: str, media: Tensor, scene: Scene, data: ShapesMultimodalDataModule) -> CaptionScore:
-    if task == "text_to_image":
+    if task == Task.TEXT_TO_IMAGE:
         return verify_image(media, scene)
-    if task == "text_to_video":
+    if task == Task.TEXT_TO_VIDEO:
         return verify_video(media, scene)
     return verify_speech(media, scene, SAMPLE_RATE)
 
@@ -132,7 +132,7 @@ def _verify(task: str, media: Tensor, scene: Scene, data: ShapesMultimodalDataMo
 def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_frames,
                          generator, cpu_generator, result) -> None:  # noqa: ANN001 (internal)
     prompts = [data.generation_prompt(task, s) for s in scenes]
-    if task == "text_to_audio":
+    if task == Task.TEXT_TO_AUDIO:
         codes = generate_audio(model, prompts, max_frames, temperature, top_k, None, generator)
         media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
         q, size = model.ncp.levels, model.ncp.size
@@ -141,13 +141,13 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
             for c in codes
         ]
     else:
-        frames = data.layout.latent_frames(data.video_frames) if task == "text_to_video" else 1
+        frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
         codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k, None, generator)
         media = list(model.nfsp.decode(codes).cpu())
         baseline = list(model.nfsp.decode(_random_codes(model, len(scenes), frames, cpu_generator)).cpu())
     scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
     base = [_verify(task, m, s, data) for m, s in zip(baseline, scenes, strict=True)]
-    world = data.motion_world if "video" in task else data.world
+    world = data.motion_world if task.media == "video" else data.world
     for scene, m, score in zip(scenes, media, scores, strict=True):
         result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
     result.metrics.update({
@@ -156,7 +156,7 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
         f"{task}/baseline_exact": _mean(base, "exact"),
         f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
     })
-    if task == "text_to_audio":  # partial credit: the right words in a caption that does not parse
+    if task == Task.TEXT_TO_AUDIO:  # partial credit: the right words in a caption that does not parse
         said = [world.caption(s) for s in scenes]
         for key, waves in (("word_accuracy", media), ("baseline_word_accuracy", baseline)):
             heard = [read_speech(w, SAMPLE_RATE) for w in waves]
@@ -165,12 +165,12 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
 
 def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_tokens,
                             generator, result) -> None:  # noqa: ANN001 (internal)
-    world = data.motion_world if "video" in task else data.world
+    world = data.motion_world if task.media == "video" else data.world
     prompts = [data.understanding_prompt(task, s, i, split) for i, s in enumerate(scenes)]
     batch = data.builder.collate_prompts(prompts).to(next(model.parameters()).device)
     ids = generate_text_after(model, batch, max_tokens, temperature, top_k, None, None, generator)
     texts = [data.decode(i) for i in ids]
-    include_motion = "video" in task
+    include_motion = task.media == "video"
     scores = [verify_caption(t, s, include_motion) for t, s in zip(texts, scenes, strict=True)]
     frequent = Counter(world.caption(s) for s in world.scenes("train", 2048)).most_common(1)[0][0]
     base = [verify_caption(frequent, s, include_motion) for s in scenes]
@@ -185,30 +185,6 @@ def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k
         f"{task}/baseline_exact": _mean(base, "exact"),
         f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
     })
-
-
-@dataclass
-class MediaRequest:
-    """One `zoo predict` request: a caption to render (`prompt` ids ending with the media opener) or
-    media to caption (`document`, a prompt document). `scene`, when known, lets the verifier score it."""
-
-    task: str
-    name: str
-    prompt: list[int] | None = None
-    document: list | None = None
-    scene: Scene | None = None
-    error: str | None = None  # why this request cannot be answered (a bad file): reported, others go on
-
-
-class MediaRequests:
-    """A batch of requests. Deliberately not a list or dataclass: Lightning moves batches to the device by
-    walking collections, and scenes are frozen dataclasses it refuses; the model moves what it needs."""
-
-    def __init__(self, requests: list[MediaRequest]) -> None:
-        self.requests = list(requests)
-
-    def __len__(self) -> int:
-        return len(self.requests)
 
 
 @torch.no_grad()
@@ -234,15 +210,15 @@ def answer_requests(
     for request in (r for r in requests if r.error is not None):
         rows.append({"task": request.task, "name": request.name, "error": request.error})
     requests = [r for r in requests if r.error is None]
-    for task in dict.fromkeys(r.task for r in requests):
+    for task in dict.fromkeys(Task(r.task) for r in requests):
         chosen = [r for r in requests if r.task == task]
         if task in GENERATION:
             prompts = [r.prompt for r in chosen]
-            if task == "text_to_audio":
+            if task == Task.TEXT_TO_AUDIO:
                 codes = generate_audio(model, prompts, max_audio_frames, temperature, top_k)
                 media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
             else:
-                frames = data.layout.latent_frames(data.video_frames) if task == "text_to_video" else 1
+                frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
                 media = list(model.nfsp.decode(generate_visual(model, prompts, frames, cfg_scale, temperature,
                                                                top_k)).cpu())
             for r, m in zip(chosen, media, strict=True):
@@ -259,7 +235,7 @@ def answer_requests(
                 text = data.decode(out)
                 row = {"task": task, "name": r.name, "text": text}
                 if r.scene is not None:
-                    row["scores"] = asdict(verify_caption(text, r.scene, "video" in task))
+                    row["scores"] = asdict(verify_caption(text, r.scene, task.media == "video"))
                 rows.append(row)
     return rows
 
@@ -277,10 +253,10 @@ def _too_long(
         budget, what = caption_tokens, "caption tokens"
     else:
         length = len(request.prompt or [])
-        if request.task == "text_to_audio":
+        if request.task == Task.TEXT_TO_AUDIO:
             budget, what = audio_frames + 2, "audio frames"
         else:
-            frames = data.layout.latent_frames(data.video_frames) if request.task == "text_to_video" else 1
+            frames = data.layout.latent_frames(data.video_frames) if request.task == Task.TEXT_TO_VIDEO else 1
             budget, what = 2 + frames * data.layout.tokens_per_frame, "visual codes"
     if length + budget <= limit:
         return None

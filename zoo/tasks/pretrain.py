@@ -208,9 +208,9 @@ class UnifiedPretraining(L.LightningModule):
 
     def predict_step(self, batch: list, batch_idx: int) -> list[dict[str, object]]:
         """Generate a continuation of each prompt (unified ids); decoded when the datamodule can decode.
-        Media requests (`zoo.tasks.multimodal_eval.MediaRequest`) get images, videos, audio or captions."""
+        Media requests (`zoo.datamodules.requests.MediaRequest`) get images, videos, audio or captions."""
         datamodule = getattr(self.trainer, "datamodule", None)
-        if not isinstance(batch, list):  # media requests (zoo.tasks.multimodal_eval.MediaRequests)
+        if not isinstance(batch, list):  # media requests (zoo.datamodules.requests.MediaRequests)
             from zoo.tasks.multimodal_eval import answer_requests
 
             s = self.sampling

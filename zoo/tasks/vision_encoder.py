@@ -26,7 +26,10 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from zoo.config import save_config_hyperparameters
-from zoo.datamodules.shapes import (
+from zoo.models.vision import DualPathEncoder
+from zoo.tasks.schedules import warmup_cosine
+from zoo.weights import save_weights_file
+from zoo.world.scenes import (
     COLOURS,
     GRID_SIZE,
     SHAPES,
@@ -37,9 +40,6 @@ from zoo.datamodules.shapes import (
     caption_vocabulary,
     score_objects,
 )
-from zoo.models.vision import DualPathEncoder
-from zoo.tasks.schedules import warmup_cosine
-from zoo.weights import save_weights_file
 
 warnings.filterwarnings("ignore", message="Attribute 'encoder' is an instance of `nn.Module`")
 

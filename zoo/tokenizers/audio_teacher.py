@@ -131,7 +131,7 @@ class WordIdentityTeacher(Configurable, AudioTeacher):
     heard there, so level 1 learns *which word*, not how it sounded (the role Whisper/HuBERT features play
     for real speech).
 
-    Words are found and recognised from the waveform itself by `zoo.datamodules.shapes_speech`
+    Words are found and recognised from the waveform itself by `zoo.world.speech`
     (`split_words` cuts at pauses, `read_speech` matches templates), so the teacher needs no labels. A
     frame takes the embedding of the word covering most of it, or the "silence" embedding. Embeddings are
     seeded Gaussian vectors, one per vocabulary word plus silence: deterministic and near-orthogonal.
@@ -146,7 +146,7 @@ class WordIdentityTeacher(Configurable, AudioTeacher):
 
     def __init__(self, dim: int = 64, sample_rate: int = 16000, seed: int = 0) -> None:
         super().__init__()
-        from zoo.datamodules.shapes import caption_vocabulary
+        from zoo.world.scenes import caption_vocabulary
 
         self.dim, self.sample_rate = dim, sample_rate
         self.words = ("<silence>", *caption_vocabulary())
@@ -158,7 +158,7 @@ class WordIdentityTeacher(Configurable, AudioTeacher):
 
     def _spans(self, clip: np.ndarray) -> list[tuple[int, int, int]]:
         """(start, end, word index) of each word recognised in a clip; cached by content."""
-        from zoo.datamodules.shapes_speech import read_speech, split_words
+        from zoo.world.speech import read_speech, split_words
 
         key = (hash(clip.tobytes()), clip.size, self.sample_rate)
         if key not in self._cache:

@@ -236,7 +236,7 @@ class VisualTokenizer(Configurable, nn.Module):
         if not pixels.is_floating_point():
             raise TypeError(
                 f"pixels must be floating point in [-1, 1] (got {pixels.dtype}); "
-                "convert uint8 images with zoo.datamodules.shapes_render.to_tensor"
+                "convert uint8 images with zoo.world.render.to_tensor"
             )
         size = self.image_size
         if self.temporal:

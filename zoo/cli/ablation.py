@@ -60,7 +60,7 @@ class Variant:
 
 
 def _cli_class():  # imported lazily: `zoo --help` stays fast
-    from zoo.cli import ZooCLI
+    from zoo.cli.lightning_cli import ZooCLI
 
     class AblationCLI(ZooCLI):
         """ZooCLI that keeps every run inside its own directory (see LEFT_OUT_CALLBACKS) and logs CSV."""

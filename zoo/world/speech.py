@@ -24,7 +24,7 @@ import numpy as np
 import torchaudio.functional as AF
 from torch import Tensor
 
-from zoo.datamodules.shapes import CaptionScore, Scene, caption_vocabulary, stable_seed, verify_caption
+from zoo.world.scenes import CaptionScore, Scene, caption_vocabulary, stable_seed, verify_caption
 
 SAMPLE_RATE = 16000
 WORD_SECONDS = 0.12
@@ -262,7 +262,7 @@ def word_accuracy(said: str, heard: str) -> float:
 def readback_accuracy(n: int = 100, seed: int = 0, noise: float = 0.03) -> dict[str, float]:
     """Word accuracy and exact-caption rate of `read_speech` on `n` "test" scenes (held-out pairs, motion
     said) spoken with seeds never used elsewhere, clean and with Gaussian noise of std `noise`."""
-    from zoo.datamodules.shapes import ShapesWorld
+    from zoo.world.scenes import ShapesWorld
 
     world = ShapesWorld(seed=seed, max_objects=3, include_motion=True)
     rng = np.random.default_rng(seed)
@@ -285,9 +285,7 @@ def readback_accuracy(n: int = 100, seed: int = 0, noise: float = 0.03) -> dict[
     return result
 
 
-if (
-    __name__ == "__main__"
-):  # python -m zoo.datamodules.shapes_speech: the figures in docs/world_media.md
+if __name__ == "__main__":  # python -m zoo.world.speech: the figures in docs/world_media.md
     import json
 
     print(json.dumps(readback_accuracy()))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zoo.datamodules.shapes import (
+from zoo.world.scenes import (
     COLOURS,
     GRID_SIZE,
     MOTIONS,
@@ -351,7 +351,7 @@ def _blur_pixels(pixels: Tensor) -> Tensor:
 def readback_accuracy(n: int = 200, seed: int = 0, max_objects: int = 6) -> dict[str, float]:
     """Share of `n` "val" scenes read back exactly: images at 32 and 64 px, clean, with Gaussian noise
     (sigma 0.05 in [-1, 1] units) and blurred; videos (5 frames, motion included) at 32 and 64 px."""
-    from zoo.datamodules.shapes import ShapesWorld
+    from zoo.world.scenes import ShapesWorld
 
     world = ShapesWorld(seed=seed, max_objects=max_objects, include_motion=True)
     scenes = world.scenes("val", n)
@@ -368,9 +368,7 @@ def readback_accuracy(n: int = 200, seed: int = 0, max_objects: int = 6) -> dict
     return result
 
 
-if (
-    __name__ == "__main__"
-):  # python -m zoo.datamodules.shapes_render: the figures in docs/world_media.md
+if __name__ == "__main__":  # python -m zoo.world.render: the figures in docs/world_media.md
     import json
 
     torch.set_num_threads(1)
