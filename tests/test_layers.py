@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("parallel", "registry", "hub"),
     ("datamodules",),
-    ("analysis", "pretokenize"),
+    ("analysis", "pretokenize", "inference"),
     ("tasks",),
     ("rl",),
     ("zoo",),

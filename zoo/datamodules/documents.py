@@ -166,6 +166,22 @@ def encode_text(
     return [TextSegment([vocab.bos_id, *vocab.text_to_unified(ids).tolist(), vocab.eos_id])]
 
 
+def decode_text(tokenizer: TextTokenizer, vocab: UnifiedVocab, ids: list[int]) -> str:
+    """Unified ids -> text, dropping special tokens. Ids the model reserves but the tokenizer lacks
+    (`vocab.text_size` may exceed the tokenizer's size) show as U+2047 rather than failing."""
+    pieces, run = [], []
+    for i in ids:
+        if i not in vocab.text_range():
+            continue
+        local = i - vocab.text_offset
+        if local < tokenizer.vocab_size:
+            run.append(local)
+        else:
+            pieces += [tokenizer.decode(run), "\u2047"]
+            run = []
+    return "".join([*pieces, tokenizer.decode(run)])
+
+
 class EncodeText:
     """The `map` of a text stream: a sample's `"text"` as a document, BPE-dropout seeded by the sample's
     (epoch, index) exactly as a map-style dataset seeds it. Small and picklable: workers receive it."""
@@ -226,20 +242,9 @@ class DocumentDataModule(L.LightningDataModule):
         return encode_text(self.tokenizer, self.vocab, text, dropout, seed)
 
     def decode(self, ids: list[int]) -> str:
-        """Unified ids -> text, dropping special tokens. Ids the model reserves but the tokenizer lacks
-        (`vocab.text_size` may exceed the tokenizer's size) show as U+2047 rather than failing."""
+        """Unified ids -> text (`decode_text`)."""
         assert self.tokenizer is not None
-        pieces, run = [], []
-        for i in ids:
-            if i not in self.vocab.text_range():
-                continue
-            local = i - self.vocab.text_offset
-            if local < self.tokenizer.vocab_size:
-                run.append(local)
-            else:
-                pieces += [self.tokenizer.decode(run), "\u2047"]
-                run = []
-        return "".join([*pieces, self.tokenizer.decode(run)])
+        return decode_text(self.tokenizer, self.vocab, ids)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is None:

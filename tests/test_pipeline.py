@@ -1,0 +1,172 @@
+"""The pipeline API (`zoo.pipeline`, issue 16 item 1): strings, PIL images and audio arrays in and out, the
+same answers as the decoding core, from a model in memory, an exported folder or a Lightning checkpoint.
+
+The model is tiny and untrained (a causal 3D visual tokenizer, a 2-level codec, a BPE tokenizer), so answers
+are arbitrary: the tests check what the pipeline must guarantee whatever the weights.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from code_shard_helpers import unified_model, write_text_tokenizer, write_tokenizers
+from PIL import Image
+
+import zoo
+from zoo.cli import main
+from zoo.datamodules.documents import decode_text
+from zoo.hub import save_pretrained
+from zoo.inference import Pipeline, Speech
+from zoo.models.generation import generate_text
+from zoo.models.unified import UnifiedModel
+from zoo.tokenizers.text import TextTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = ["a small red circle at the top left", "a large blue square", "two green triangles", "café naïve"]
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory) -> tuple[UnifiedModel, TextTokenizer]:
+    folder = tmp_path_factory.mktemp("pipeline")
+    model = unified_model(write_tokenizers(folder / "tokenizers"))
+    tokenizer = TextTokenizer.load(write_text_tokenizer(folder / "tokenizer.json", TEXTS))
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def pipe(parts) -> Pipeline:
+    return Pipeline(*parts)
+
+
+def picture(seed: int, size: tuple[int, int] = (40, 48), mode: str = "RGB") -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels, "RGB").convert(mode)
+
+
+def tone(rate: int, seconds: float = 0.5) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.1 * np.sin(2 * np.pi * 660 * t)).astype(np.float32)
+
+
+def test_text_streams_in_pieces_that_join_to_the_greedy_answer_of_the_decoding_core(pipe, parts):
+    model, tokenizer = parts
+    pieces = list(pipe.stream("a small red", max_new_tokens=12, temperature=0))
+    answer = pipe("a small red", max_new_tokens=12, temperature=0)
+    assert isinstance(answer, str) and "".join(pieces) == answer
+    assert len(pieces) >= 2, "a stream yields as tokens come, not the whole answer at once"
+    # An untrained model emits stray bytes (shown as U+FFFD in the answer too), but no piece but the last may
+    # end in one: that would be half a character, split across two pieces.
+    assert all(pieces) and not any(piece.endswith("\ufffd") for piece in pieces[:-1])
+    prompt = [model.vocab.bos_id, *model.vocab.text_to_unified(tokenizer.encode("a small red")).tolist()]
+    ids = generate_text(model, [prompt], 12, temperature=0)[0]
+    ids = ids[: ids.index(model.vocab.eos_id)] if model.vocab.eos_id in ids else ids
+    assert answer == decode_text(tokenizer, model.vocab, ids)
+
+
+def test_sampling_is_repeatable_with_a_seed_and_varies_without_one(pipe):
+    first = pipe("a large", max_new_tokens=10, temperature=1.0, seed=3)
+    assert pipe("a large", max_new_tokens=10, temperature=1.0, seed=3) == first
+    others = {pipe("a large", max_new_tokens=10, temperature=1.0, seed=s) for s in range(4, 10)}
+    assert others - {first}, "different seeds never changed the sample"
+
+
+def test_caption_to_image_video_and_speech_come_back_as_pil_frames_and_a_wave(pipe, parts):
+    model, _ = parts
+    image = pipe("a small red circle", output="image", temperature=1.0, seed=0)
+    assert isinstance(image, Image.Image) and image.mode == "RGB" and image.size == (32, 32)
+    assert len(set(np.asarray(image).reshape(-1, 3).sum(1).tolist())) > 1, "a flat image came back"
+    video = pipe("a small red circle", output="video", seed=0)
+    assert isinstance(video, list) and len(video) == pipe.spec.video_frames
+    assert all(isinstance(f, Image.Image) and f.size == (32, 32) for f in video)
+    speech = pipe("a small red circle", output="speech", max_audio_frames=6, seed=0)
+    assert isinstance(speech, Speech) and speech.sample_rate == model.audio_codec.sample_rate
+    assert speech.wave.dtype == np.float32 and speech.wave.ndim == 1
+    assert len(speech.wave) <= 6 * pipe.layout.audio_hop
+
+
+def test_an_image_is_captioned_alike_from_pil_of_any_mode_a_file_and_bytes(pipe, tmp_path):
+    path = tmp_path / "scene.png"
+    picture(1).save(path)
+    from_file = pipe(image=path, max_new_tokens=8, temperature=0)
+    assert isinstance(from_file, str)
+    assert pipe(image=Image.open(path), max_new_tokens=8, temperature=0) == from_file
+    assert pipe(image=path.read_bytes(), max_new_tokens=8, temperature=0) == from_file
+    other = pipe(image=picture(2, mode="RGBA"), max_new_tokens=8, temperature=0)  # RGBA read as RGB
+    assert isinstance(other, str)
+    prompted = list(pipe.stream("Describe the image:", image=path, max_new_tokens=8, temperature=0))
+    assert all(isinstance(p, str) for p in prompted)
+
+
+def test_audio_is_transcribed_alike_from_an_array_at_any_rate_a_speech_and_a_file(pipe, tmp_path):
+    wave = tone(22050)
+    path = tmp_path / "speech.wav"
+    sf.write(path, wave, 22050)
+    from_file = pipe(audio=path, max_new_tokens=6, temperature=0)
+    assert pipe(audio=(wave, 22050), max_new_tokens=6, temperature=0) == from_file
+    assert pipe(audio=Speech(wave, 22050), max_new_tokens=6, temperature=0) == from_file
+    buffer = io.BytesIO()
+    sf.write(buffer, np.stack([wave, wave], 1), 22050, format="FLAC")  # stereo FLAC, downmixed
+    assert pipe(audio=buffer.getvalue(), max_new_tokens=6, temperature=0) == from_file
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda p: p(image=picture(0), audio=(tone(16000), 16000)), "one medium at a time"),
+        (lambda p: p("a red circle", image=picture(0), output="image"), "give text only"),
+        (lambda p: p("", output="image"), "needs a caption"),
+        (lambda p: p("a red circle", output="sound"), "output must be one of"),
+        (lambda p: p(), "nothing to answer"),
+        (lambda p: p("a red circle", max_new_tokens=600), "exceed the model's context of 512"),
+        (lambda p: p(audio=(np.zeros(8000, np.float32), 16000)), "silent"),
+        (lambda p: p(image=b"not an image"), "cannot"),
+        (lambda p: p(image=np.zeros((4, 4, 3))), "a path, bytes or a PIL image"),
+    ],
+)
+def test_bad_requests_are_refused_with_what_to_change(pipe, call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(pipe)
+
+
+def test_a_model_without_a_codec_says_it_cannot_speak(parts):
+    model, tokenizer = parts
+    mute = UnifiedModel(model.backbone, model.vocab, mtp_depth=0, visual_tokenizer=model.visual_tokenizer)
+    with pytest.raises(ValueError, match="no audio codec"):
+        Pipeline(mute, tokenizer)("a red circle", output="speech")
+    with pytest.raises(ValueError, match="audio"):
+        Pipeline(mute, tokenizer)(audio=(tone(16000), 16000))
+
+
+def test_an_exported_folder_gives_the_answers_of_the_model_it_was_written_from(pipe, parts, tmp_path):
+    model, tokenizer = parts
+    save_pretrained(model, tmp_path / "export", tokenizer)
+    loaded = zoo.pipeline(tmp_path / "export")
+    assert loaded.tokenizer.to_json() == tokenizer.to_json()
+    for text in ("a small", "two green"):
+        assert loaded(text, max_new_tokens=8, temperature=0) == pipe(text, max_new_tokens=8, temperature=0)
+    image = picture(5)
+    caption = pipe(image=image, max_new_tokens=6, temperature=0)
+    assert loaded(image=image, max_new_tokens=6, temperature=0) == caption
+
+
+def test_a_training_checkpoint_and_its_export_answer_alike_with_the_checkpoints_tokenizer(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # the quickstart's runs/ land in tmp_path
+    main([
+        "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+        "--data.init_args.train_size=64", "--data.init_args.val_size=8",
+    ])  # fmt: skip
+    checkpoint = tmp_path / "runs" / "quickstart" / "latest" / "checkpoints" / "last.ckpt"
+    main(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "export")])
+    from_checkpoint, from_export = zoo.pipeline(checkpoint), zoo.pipeline(tmp_path / "export")
+    assert from_checkpoint.tokenizer.to_json() == from_export.tokenizer.to_json()
+    answer = from_checkpoint("a small red", max_new_tokens=6, temperature=0)
+    assert isinstance(answer, str) and answer == from_export("a small red", max_new_tokens=6, temperature=0)
+    with pytest.raises(ValueError, match="has no visual tokenizer"):
+        from_checkpoint("a small red circle", output="image")
