@@ -8,6 +8,9 @@ are arbitrary: the tests check what the pipeline must guarantee whatever the wei
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +173,43 @@ def test_a_training_checkpoint_and_its_export_answer_alike_with_the_checkpoints_
     assert isinstance(answer, str) and answer == from_export("a small red", max_new_tokens=6, temperature=0)
     with pytest.raises(ValueError, match="has no visual tokenizer"):
         from_checkpoint("a small red circle", output="image")
+
+
+def run_zoo(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`zoo ...` in a subprocess in `cwd`, as a user runs it (one thread, the repository's code)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "zoo.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+
+
+def test_zoo_generate_streams_text_and_writes_images_and_speech_to_files(parts, tmp_path):
+    model, tokenizer = parts
+    folder = save_pretrained(model, tmp_path / "export", tokenizer)
+
+    def generate(*args: str) -> subprocess.CompletedProcess:
+        return run_zoo(tmp_path, "generate", str(folder), *args)
+
+    text = generate("a small red", "--temperature", "0", "--max-new-tokens", "8")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.rstrip("\n") == Pipeline(*parts)("a small red", max_new_tokens=8, temperature=0)
+
+    image = generate("a red circle", "--output", "image", "--out", str(tmp_path / "c.png"))
+    assert image.returncode == 0, image.stderr
+    assert Image.open(tmp_path / "c.png").size == (32, 32) and "c.png" in image.stdout
+    # An untrained model may end its speech at once: take a seed that speaks; the file must be that speech.
+    seed, spoken = next(
+        (s, w) for s in range(20)
+        if len(w := Pipeline(*parts)("a red circle", output="speech", max_audio_frames=4, seed=s).wave)
+    )  # fmt: skip
+    speech = generate(
+        "a red circle", "--output", "speech", "--max-audio-frames", "4", "--out", str(tmp_path / "c.wav"),
+        "--seed", str(seed), "--temperature", "1",
+    )  # fmt: skip
+    assert speech.returncode == 0, speech.stderr
+    info = sf.info(tmp_path / "c.wav")
+    assert info.samplerate == model.audio_codec.sample_rate and info.frames == len(spoken)
+
+    picture(3).save(tmp_path / "scene.png")  # the media flags reach the pipeline (which refuses this mix)
+    wrong = generate("a red circle", "--image", str(tmp_path / "scene.png"), "--output", "image")
+    assert wrong.returncode != 0 and "give text only" in wrong.stderr
+    assert "Traceback" not in wrong.stderr, "a user error is one line, not a traceback"

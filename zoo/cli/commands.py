@@ -16,6 +16,7 @@ EXTRA_COMMANDS = {
     "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
+    "generate": "one answer of a trained model: text streamed, images and speech written to files",
 }
 
 
@@ -131,6 +132,12 @@ def _tokenize(argv: list[str]) -> None:
     tokenize_main(argv)
 
 
+def _generate(argv: list[str]) -> None:
+    from zoo.cli.generate import generate_main
+
+    generate_main(argv)
+
+
 def extra_command(name: str) -> Callable[[list[str]], None] | None:
     """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
     return {
@@ -143,4 +150,5 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "analyze": _analyze,
         "ablate": _ablate,
         "tokenize": _tokenize,
+        "generate": _generate,
     }.get(name)
