@@ -186,6 +186,42 @@ def test_a_manifest_read_raw_and_from_its_code_shards_gives_the_same_batches_epo
     assert tasks >= {"text_to_image", "image_to_text", "text_to_audio", "audio_to_text"}
 
 
+def test_interleaved_documents_read_raw_and_from_their_code_shards_give_the_same_batches(
+    files, corpus, model, text_tokenizer, tmp_path
+):
+    media = corpus.manifest.parent / "media"
+    lines = [
+        {"segments": [{"text": "look:"}, {"image": str(media / "a.png")}, {"text": "a red square"}]},
+        {"segments": [{"image": str(media / "b.jpg")}, {"text": "then"}, {"audio": str(media / "s.wav")},
+                      {"text": "and"}, {"video": str(media / "v.mp4")}]},
+        {"segments": [{"text": "only words here"}]},
+        {"segments": [{"text": "two"}, {"image": str(media / "c.png")}, {"image": str(media / "a.png")}]},
+        {"segments": [{"text": "broken"}, {"image": str(media / "broken.png")}]},  # a bad sample, listed
+    ]  # fmt: skip
+    manifest = tmp_path / "pages.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "codes"
+    main(["tokenize", str(manifest), "--out", str(out), *files.args(), "--quiet"])
+    (state,) = [json.loads(p.read_text()) for p in (out / "progress").glob("*.json")]
+    assert state["kinds"] == {"interleaved": 4} and len(state["failures"]) == 1
+    assert "broken.png" in state["failures"][0]["reason"]
+
+    lenient = {"bad_samples": LENIENT}
+    raw = attached(paired([ManifestSource([str(manifest)])], text_tokenizer, **lenient), model, tmp_path)
+    coded = attached(paired([CodeShardSource([str(out / "index.json")])], text_tokenizer), model, tmp_path)
+    for epoch in range(2):
+        from_raw, from_codes = by_identity(raw, epoch), by_identity(coded, epoch)
+        assert from_raw.keys() == from_codes.keys() and len(from_codes) == 4
+        assert [from_raw[k][0] for k in from_raw] == [from_codes[k][0] for k in from_raw]
+        assert {drawn.task for drawn, _ in from_codes.values()} == {"interleaved"}
+        builder = SequenceBuilder(VOCAB, 512, layout=layout_of(model))
+        a = builder.collate([from_raw[k][1] for k in from_raw])
+        b = builder.collate([from_codes[k][1] for k in from_raw])
+        assert_same_batches(a, b, model)
+        kinds = {type(s).__name__ for _, doc in from_codes.values() for s in doc}
+        assert {"VisualSegment", "AudioSegment", "TextSegment"} <= kinds
+
+
 def test_code_shards_and_raw_media_give_the_same_draws_documents_and_codes(
     model, corpus, codes, text_tokenizer, tmp_path
 ):

@@ -12,6 +12,13 @@ A record is three tar members sharing a key (keys never hold a dot: webdataset s
                  the scale schedule, and the fingerprint and configuration of the tokenizer that made
                  the codes (`zoo.fingerprint`)
 
+An interleaved document (texts and media in any order) is one record too (`InterleavedRecord`):
+
+    <key>.json   {"format", "kind": "interleaved", "source", "key", "parts": [{"text": ...} or {"medium": i}],
+                 "media": [what each medium's json above holds: kind, codes, tokenizer]}
+    <key>.txt    its texts, one a line (what tokenizer training reads)
+    <key>.<i>.npy   the codes of medium i
+
 Codes are the tokenizer's own ids, not unified-vocabulary ids: the offset into `UnifiedVocab` is applied by
 the model, so one shard serves any vocabulary layout. No pickle anywhere (no .pyd / .pth members).
 """
@@ -63,47 +70,42 @@ class CodeRecord:
 
     def to_sample(self, key: str) -> dict[str, Any]:
         """The tar sample (`webdataset.TarWriter(encoder=False)` writes it): `__key__` and three members."""
-        if "." in key:
-            raise ValueError(f"a record key must not hold a dot (webdataset splits at the first): {key!r}")
+        check_key(key)
+        meta = {"format": FORMAT, "source": self.source, "key": self.key, **self.medium_meta()}
+        return {
+            "__key__": key,
+            "npy": self.npy(),
+            "txt": self.text.encode("utf-8"),
+            "json": json.dumps(meta, sort_keys=True).encode("utf-8"),
+        }
+
+    def npy(self) -> bytes:
         buffer = io.BytesIO()
         np.save(buffer, np.ascontiguousarray(self.codes, dtype=CODE_DTYPE), allow_pickle=False)
+        return buffer.getvalue()
+
+    def medium_meta(self) -> dict[str, Any]:
+        """What the json says of the codes: kind, their shape and order, the tokenizer that made them."""
         codes = {"dtype": "uint16", "shape": list(self.codes.shape), "frames": self.frames}
         if self.kind == "audio":
             codes["order"] = "frame, level"
         else:
             codes.update(order="frame, scale, row, col", scales=list(self.scales))
-        meta = {
-            "format": FORMAT,
+        return {
             "kind": self.kind,
-            "source": self.source,
-            "key": self.key,
             "codes": {**codes, **self.info},
             "tokenizer": {
                 "name": self.tokenizer_name, "hash": self.tokenizer_hash, "config": self.tokenizer_config
             },
         }  # fmt: skip
-        return {
-            "__key__": key,
-            "npy": buffer.getvalue(),
-            "txt": self.text.encode("utf-8"),
-            "json": json.dumps(meta, sort_keys=True).encode("utf-8"),
-        }
 
     @classmethod
     def from_sample(cls, sample: dict) -> CodeRecord:
-        """A record from a tar sample (`TarSamples`), or `BadSample` naming the shard and key."""
-        where = f"{sample.get('__url__', '?')} [{sample.get('__key__', '?')}]"
-        missing = [f for f in ("npy", "txt", "json") if f not in sample]
-        if missing:
-            fields = sorted(k for k in sample if not k.startswith("__"))
-            raise BadSample(f"{where}: not a code record: no {', '.join(missing)} member (has {fields})")
-        try:
-            meta = json.loads(sample["json"])
-            text = bytes(sample["txt"]).decode("utf-8")
-            codes = np.load(io.BytesIO(sample["npy"]), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as error:  # JSON, UTF-8 and npy errors
-            raise BadSample(f"{where}: unreadable code record ({error})") from None
-        return cls._from_parts(meta, codes, text, where)
+        """A record of one medium from a tar sample (`TarSamples`); `BadSample` naming the shard and key."""
+        record = read_record(sample)
+        if not isinstance(record, CodeRecord):
+            raise BadSample(f"{where_of(sample)}: an interleaved record, not a record of one medium")
+        return record
 
     @classmethod
     def _from_parts(cls, meta: Any, codes: np.ndarray, text: str, where: str) -> CodeRecord:
@@ -145,3 +147,111 @@ class CodeRecord:
         if self.kind == "audio":
             return AudioSegment(codes=codes)
         return VisualSegment(codes=codes, video=self.kind == "video")
+
+
+@dataclass(frozen=True)
+class InterleavedRecord:
+    """One pre-tokenized interleaved document: its texts and its media (`CodeRecord`s with no text) in
+    order. source, key: the input file and the sample's key in it."""
+
+    parts: tuple[str | CodeRecord, ...]
+    source: str
+    key: str
+
+    @property
+    def kind(self) -> str:
+        return "interleaved"
+
+    @property
+    def media(self) -> list[CodeRecord]:
+        return [p for p in self.parts if isinstance(p, CodeRecord)]
+
+    @property
+    def texts(self) -> list[str]:
+        return [p for p in self.parts if isinstance(p, str)]
+
+    def to_sample(self, key: str) -> dict[str, Any]:
+        check_key(key)
+        parts, media, sample = [], [], {"__key__": key}
+        for part in self.parts:
+            if isinstance(part, str):
+                parts.append({"text": part})
+            else:
+                parts.append({"medium": len(media)})
+                sample[f"{len(media)}.npy"] = part.npy()
+                media.append(part.medium_meta())
+        meta = {"format": FORMAT, "kind": "interleaved", "source": self.source, "key": self.key,
+                "parts": parts, "media": media}  # fmt: skip
+        sample["txt"] = "\n".join(self.texts).encode("utf-8")
+        sample["json"] = json.dumps(meta, sort_keys=True).encode("utf-8")
+        return sample
+
+    def segments(self) -> tuple[str | VisualSegment | AudioSegment, ...]:
+        """The parts as an interleaved sample's: texts, and media as the sequence builder's segments."""
+        return tuple(p if isinstance(p, str) else p.segment() for p in self.parts)
+
+
+def check_key(key: str) -> None:
+    if "." in key:
+        raise ValueError(f"a record key must not hold a dot (webdataset splits at the first): {key!r}")
+
+
+def where_of(sample: dict) -> str:
+    return f"{sample.get('__url__', '?')} [{sample.get('__key__', '?')}]"
+
+
+def _load_npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def read_record(sample: dict) -> CodeRecord | InterleavedRecord:
+    """A code record from a tar sample (`TarSamples`), or `BadSample` naming the shard and key."""
+    where = where_of(sample)
+    missing = [f for f in ("txt", "json") if f not in sample]
+    if missing:
+        fields = sorted(k for k in sample if not k.startswith("__"))
+        raise BadSample(f"{where}: not a code record: no {', '.join(missing)} member (has {fields})")
+    try:
+        meta = json.loads(sample["json"])
+        text = bytes(sample["txt"]).decode("utf-8")
+    except (ValueError, OSError) as error:  # JSON and UTF-8 errors
+        raise BadSample(f"{where}: unreadable code record ({error})") from None
+    if isinstance(meta, dict) and meta.get("kind") == "interleaved":
+        return _interleaved(sample, meta, where)
+    if "npy" not in sample:
+        fields = sorted(k for k in sample if not k.startswith("__"))
+        raise BadSample(f"{where}: not a code record: no npy member (has {fields})")
+    try:
+        codes = _load_npy(sample["npy"])
+    except (ValueError, OSError, EOFError) as error:
+        raise BadSample(f"{where}: unreadable code record ({error})") from None
+    return CodeRecord._from_parts(meta, codes, text, where)
+
+
+def _interleaved(sample: dict, meta: dict, where: str) -> InterleavedRecord:
+    if meta.get("format") != FORMAT:
+        raise BadSample(f"{where}: not a code record of format {FORMAT!r} (got {meta.get('format')!r})")
+    parts_meta, media_meta = meta.get("parts"), meta.get("media")
+    if not isinstance(parts_meta, list) or not isinstance(media_meta, list) or not parts_meta:
+        raise BadSample(f"{where}: an interleaved record needs a non-empty 'parts' list and a 'media' list")
+    source, key = str(meta.get("source", "?")), str(meta.get("key", "?"))
+    parts: list[str | CodeRecord] = []
+    for i, part in enumerate(parts_meta):
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+            continue
+        number = part.get("medium") if isinstance(part, dict) else None
+        if not isinstance(number, int) or not 0 <= number < len(media_meta):
+            raise BadSample(f"{where}: part {i} is neither a text nor one of the {len(media_meta)} media")
+        member = f"{number}.npy"
+        if not isinstance(media_meta[number], dict):
+            raise BadSample(f"{where}: medium {number} is described by {media_meta[number]!r}, not an object")
+        if member not in sample:
+            raise BadSample(f"{where}: medium {number} has no {member} member")
+        try:
+            codes = _load_npy(sample[member])
+        except (ValueError, OSError, EOFError) as error:
+            raise BadSample(f"{where}: unreadable codes of medium {number} ({error})") from None
+        medium = {"format": FORMAT, "source": source, "key": key, **media_meta[number]}
+        parts.append(CodeRecord._from_parts(medium, codes, "", f"{where} medium {number}"))
+    return InterleavedRecord(tuple(parts), source, key)

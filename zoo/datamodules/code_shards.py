@@ -1,11 +1,12 @@
 """Pre-tokenized code shards (`zoo tokenize`) as a source of `PairedDataModule`: training reads codes and raw
 captions, and never runs the visual tokenizer or the audio codec (issue 14, item 3).
 
-A code record (`zoo.datamodules.code_records`) decodes, in stage (a), to the `PairedSample` its raw sample
-would give, with `VisualSegment(codes=...)` or `AudioSegment(codes=...)` in place of pixels and waves, and the
-raw sample's identity (the input file's name and key the record keeps): stage (b) then draws and builds the
-same document from it as from the raw media. So YAML chooses raw media or code shards by the source's class
-(configs/data/code_shards.yaml), and both kinds mix in one datamodule.
+A code record (`zoo.datamodules.code_records`) decodes, in stage (a), to the `PairedSample` (for an
+interleaved record, the `InterleavedSample`) its raw sample would give, with `VisualSegment(codes=...)` or
+`AudioSegment(codes=...)` in place of pixels and waves, and the raw sample's identity (the input file's name
+and key the record keeps): stage (b) then draws and builds the same document from it as from the raw media.
+So YAML chooses raw media or code shards by the source's class (configs/data/code_shards.yaml), and both
+kinds mix in one datamodule.
 
 Codes are only meaningful for the tokenizer that made them, so before any loader is built the shards are
 checked against the model being trained: the first record of every shard must carry the fingerprint
@@ -19,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.datamodules.bad_samples import BadSample
-from zoo.datamodules.code_records import CodeRecord
-from zoo.datamodules.media_samples import MediaSpec, PairedSample, sample_id
+from zoo.datamodules.code_records import CodeRecord, InterleavedRecord, read_record
+from zoo.datamodules.media_samples import InterleavedSample, MediaSpec, PairedSample, sample_id
 from zoo.datamodules.paired_documents import Prompts, TaskWeights
 from zoo.datamodules.sequence import MediaLayout
 from zoo.datamodules.shards import Shard, TarSamples, count_shards, read_index
@@ -97,11 +98,15 @@ class CodeShardSource(PairedSource):
                 found += count_shards([shards], self.format, self.index)
         return found
 
-    def decode(self, sample: dict, spec: MediaSpec) -> PairedSample:
-        record = CodeRecord.from_sample(sample)
-        check_record(record, self.expected, self.layout)
+    def decode(self, sample: dict, spec: MediaSpec) -> PairedSample | InterleavedSample:
+        record = read_record(sample)
+        for medium in media_of(record):
+            check_record(medium, self.expected, self.layout)
         where = f"{sample['__url__']} [{sample['__key__']}] (codes of {record.source} [{record.key}])"
-        return PairedSample(where, record.text, record.segment(), sample_id(record.source, record.key))
+        identity = sample_id(record.source, record.key)
+        if isinstance(record, InterleavedRecord):
+            return InterleavedSample(where, record.segments(), identity)
+        return PairedSample(where, record.text, record.segment(), identity)
 
     def texts(self, sample: dict) -> list[str]:
         try:
@@ -121,13 +126,19 @@ class CodeShardSource(PairedSource):
             return
         for shard in dict.fromkeys(s.url for s in self.count() if s.samples):
             try:
-                check_record(first_record(shard), expected, layout)
+                for medium in media_of(first_record(shard)):
+                    check_record(medium, expected, layout)
             except BadSample as error:
                 raise ValueError(f"refusing the code shard {shard}: {error}") from None
         self.expected = expected
 
 
-def first_record(url: str) -> CodeRecord:
+def media_of(record: CodeRecord | InterleavedRecord) -> list[CodeRecord]:
+    """The media a record holds: itself, or an interleaved document's."""
+    return record.media if isinstance(record, InterleavedRecord) else [record]
+
+
+def first_record(url: str) -> CodeRecord | InterleavedRecord:
     """The first record of a code shard; `BadSample` when it has none or it is not a code record."""
     samples = TarSamples().read(url, 0)
     try:
@@ -136,4 +147,4 @@ def first_record(url: str) -> CodeRecord:
         samples.close()
     if sample is None:
         raise BadSample(f"{url}: no record, though its count says some")
-    return CodeRecord.from_sample(sample)
+    return read_record(sample)

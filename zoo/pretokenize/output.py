@@ -24,7 +24,7 @@ from typing import Any
 
 from webdataset import TarWriter
 
-from zoo.datamodules.code_records import CodeRecord
+from zoo.datamodules.code_records import CodeRecord, InterleavedRecord
 from zoo.datamodules.shards import INDEX_NAME, Shard, write_index
 from zoo.pretokenize.sources import Unit
 
@@ -47,19 +47,21 @@ class ShardOutput:
         self.folder, self.unit = folder, unit
         self.path = folder.shard_path(unit)
         self.temporary = self.path.with_name(self.path.name + ".tmp")
-        self.records: dict[int, CodeRecord] = {}
+        self.records: dict[int, CodeRecord | InterleavedRecord] = {}
         self.samples = 0
         self.kinds: dict[str, int] = {}
         self.audio_seconds = 0.0
         self.failures: list[dict[str, Any]] = []
 
-    def write(self, record: CodeRecord, position: int) -> None:
+    def write(self, record: CodeRecord | InterleavedRecord, position: int) -> None:
         """Keep `record` (of input sample `position`) for the shard; records are a few kB each."""
         self.records[position] = record
         self.samples += 1
         self.kinds[record.kind] = self.kinds.get(record.kind, 0) + 1
-        if record.kind == "audio":
-            self.audio_seconds += record.info["samples"] / record.info["sample_rate"]
+        media = record.media if isinstance(record, InterleavedRecord) else [record]
+        for medium in media:
+            if medium.kind == "audio":
+                self.audio_seconds += medium.info["samples"] / medium.info["sample_rate"]
 
     def fail(self, position: int, key: str, reason: str) -> None:
         self.failures.append({"position": position, "key": key, "reason": reason})

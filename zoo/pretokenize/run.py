@@ -2,9 +2,9 @@
 
 The main process takes the workers' items in order, queues decoded samples per medium and tokenizes a
 queue when it holds `batch_size` samples, or when a unit ends (so every unit's shard is complete when its
-`UnitEnd` arrives). Records are written to their unit's shard in input order; the unit is committed, or
-dropped when it could not be read to its end (`zoo.pretokenize.output`). A progress bar (rich, on stderr)
-shows samples/s.
+`UnitEnd` arrives); an interleaved document's media are tokenized when it arrives. Records are written to
+their unit's shard in input order; the unit is committed, or dropped when it could not be read to its end
+(`zoo.pretokenize.output`). A progress bar (rich, on stderr) shows samples/s.
 """
 
 from __future__ import annotations
@@ -27,13 +27,24 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+from torch import Tensor
 from torch.utils.data import DataLoader
 
-from zoo.datamodules.code_records import CodeRecord
-from zoo.datamodules.media_samples import MediaSpec
+from zoo.datamodules.code_records import CodeRecord, InterleavedRecord
+from zoo.datamodules.media_samples import Media, MediaSpec
+from zoo.datamodules.sequence import AudioSegment
 from zoo.pretokenize.frozen import FrozenTokenizers
 from zoo.pretokenize.output import OutputFolder, ShardOutput
-from zoo.pretokenize.sources import Decoded, DecodedStream, Failed, Item, Unit, UnitEnd, plan_units
+from zoo.pretokenize.sources import (
+    Decoded,
+    DecodedDocument,
+    DecodedStream,
+    Failed,
+    Item,
+    Unit,
+    UnitEnd,
+    plan_units,
+)
 
 
 @dataclass(frozen=True)
@@ -137,8 +148,35 @@ class _Writer:
             queue.append(item)
             if len(queue) >= self.batch_size:
                 self.flush(item.kind)
+        elif isinstance(item, DecodedDocument):
+            self.write_document(item)
         else:
             self.end(item)
+
+    def write_document(self, item: DecodedDocument) -> None:
+        """An interleaved document, its media tokenized one by one on arrival (a document's media have
+        mixed kinds and sizes; interleaved corpora hold few media a document)."""
+        parts = tuple(p if isinstance(p, str) else self.medium(p) for p in item.parts)
+        self.open[item.unit].write(InterleavedRecord(parts, item.source, item.key), item.position)
+        self.tally.samples += 1
+        self.advance(1)
+
+    def medium(self, media: Media) -> CodeRecord:
+        """One medium of an interleaved document as a code record (no text: the document holds the texts)."""
+        if isinstance(media, AudioSegment):
+            kind, value = "audio", media.wave
+            (codes,) = self.tokenizers.encode_audio([value])
+            frames = len(codes)
+        else:
+            kind, value = ("video" if media.is_video else "image"), media.pixels
+            ((codes, frames),) = self.tokenizers.encode_visual([value], video=media.is_video)
+        assert value is not None  # raw media decode to pixels and waves, never codes
+        self._count_media(kind, [value])
+        tokenizer = self.tokenizers.records["audio_codec" if kind == "audio" else "visual_tokenizer"]
+        return CodeRecord(
+            kind, codes, "", "", "", tokenizer["hash"], tokenizer["config"], self._scales(kind), frames,
+            self._info(kind, value),
+        )  # fmt: skip
 
     def end(self, item: UnitEnd) -> None:
         for kind, queue in self.queues.items():
@@ -166,7 +204,7 @@ class _Writer:
         for item, (values, frames) in zip(items, codes, strict=True):
             record = CodeRecord(
                 kind, values, item.text, item.source, item.key, tokenizer["hash"], tokenizer["config"],
-                self._scales(kind), frames, self._info(item),
+                self._scales(kind), frames, self._info(kind, item.value),
             )  # fmt: skip
             self.open[item.unit].write(record, item.position)
         self._count(kind, items)
@@ -177,23 +215,26 @@ class _Writer:
     def _scales(self, kind: str) -> tuple[int, ...]:
         return () if kind == "audio" else tuple(self.tokenizers.visual.scales)
 
-    def _info(self, item: Decoded) -> dict[str, Any]:
-        if item.kind == "audio":
-            return {"sample_rate": self.tokenizers.audio.sample_rate, "samples": len(item.value)}
-        if item.kind == "video":
-            return {"clip_frames": int(item.value.shape[1])}
+    def _info(self, kind: str, value: Tensor) -> dict[str, Any]:
+        if kind == "audio":
+            return {"sample_rate": self.tokenizers.audio.sample_rate, "samples": len(value)}
+        if kind == "video":
+            return {"clip_frames": int(value.shape[1])}
         return {}
 
     def _count(self, kind: str, items: list[Decoded]) -> None:
+        self.tally.samples += len(items)
+        self._count_media(kind, [d.value for d in items])
+
+    def _count_media(self, kind: str, values: list[Tensor]) -> None:
         t = self.tally
-        t.samples += len(items)
         if kind == "image":
-            t.images += len(items)
+            t.images += len(values)
         elif kind == "video":
-            t.videos += len(items)
+            t.videos += len(values)
         else:
-            t.audio_clips += len(items)
-            t.audio_seconds += sum(len(d.value) for d in items) / self.tokenizers.audio.sample_rate
+            t.audio_clips += len(values)
+            t.audio_seconds += sum(len(v) for v in values) / self.tokenizers.audio.sample_rate
 
     def abort(self) -> None:
         for output in self.open.values():

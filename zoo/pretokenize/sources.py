@@ -5,8 +5,9 @@ A unit is a whole input tar shard, or `lines_per_shard` lines of a manifest (a `
 first sample, a count). Units are numbered in input order; unit i becomes `codes-0000i.tar`. Each worker
 reads whole units (unit i goes to worker i mod workers), decodes every sample with the paired datamodule's
 own stage (a) (`ManifestSource` / `TarSource`.decode at the tokenizers' sizes, `MediaSpec`) and hands the
-main process, in order: a `Decoded` sample or a `Failed` one (with why), and a `UnitEnd` when the unit is
-read. A unit that cannot be read to its end (a truncated tar) ends with an error and is not written.
+main process, in order: a `Decoded` sample (a `DecodedDocument` for an interleaved one) or a `Failed` one
+(with why), and a `UnitEnd` when the unit is read. A unit that cannot be read to its end (a truncated tar)
+ends with an error and is not written.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Literal
 from torch import Tensor
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadSample, describe
-from zoo.datamodules.media_samples import MediaSpec, PairedSample
+from zoo.datamodules.bad_samples import SAMPLE_ERRORS, describe
+from zoo.datamodules.media_samples import Media, MediaSpec, PairedSample
 from zoo.datamodules.paired_documents import MediaSupport
 from zoo.datamodules.sequence import VisualSegment
 from zoo.datamodules.shards import expand
@@ -131,6 +132,18 @@ class Decoded:
 
 
 @dataclass(frozen=True)
+class DecodedDocument:
+    """An interleaved sample ready for its tokenizers: texts and media (`VisualSegment` pixels, `AudioSegment`
+    waves) in order."""
+
+    unit: int
+    position: int
+    source: str
+    key: str
+    parts: tuple[str | Media, ...]
+
+
+@dataclass(frozen=True)
 class Failed:
     """A sample that cannot be used, and why (the failure manifest lists it)."""
 
@@ -150,20 +163,24 @@ class UnitEnd:
     error: str | None = None
 
 
-Item = Decoded | Failed | UnitEnd
+Item = Decoded | DecodedDocument | Failed | UnitEnd
 
 
 def decode_sample(
     unit: Unit, source: PairedSource, position: int, sample: dict, spec: MediaSpec, support: MediaSupport
-) -> Decoded | Failed:
+) -> Decoded | DecodedDocument | Failed:
     key = str(sample.get("__key__", f"sample {position}"))
     try:
         decoded = source.decode(sample, spec)
-        if not isinstance(decoded, PairedSample):
-            raise BadSample(f"{decoded.name}: interleaved; zoo tokenize writes paired samples (one medium)")
-        support.check(decoded.media, decoded.name)
+        media_parts = [decoded.media] if isinstance(decoded, PairedSample) else [
+            p for p in decoded.parts if not isinstance(p, str)
+        ]  # fmt: skip
+        for media in media_parts:
+            support.check(media, decoded.name)
     except DECODE_ERRORS as error:
         return Failed(unit.index, position, unit.url, key, describe(error))
+    if not isinstance(decoded, PairedSample):
+        return DecodedDocument(unit.index, position, unit.url, key, decoded.parts)
     media = decoded.media
     value = media.pixels if isinstance(media, VisualSegment) else media.wave
     assert value is not None  # raw media decode to pixels and waves, never codes
