@@ -68,9 +68,11 @@ def _compiled_text_step(device: torch.device):
 
 
 class StaticTextStep:
-    """Feeds text ids into `cache` at static shapes: `step(ids, cursor)` is `decode.text_step` with a cache
-    (same positions, same groups, same cache contents), for one shape of `ids` per instance's lifetime
-    being the cheap case (each new `[R, n]` is one more trace when compiled).
+    """Feeds text ids into `cache` at static shapes: `step(ids, cursor)` does what `decode.text_step` does
+    with a cache (same positions, groups and cache contents) and returns the sampling logits. When compiled,
+    each new shape of `ids` `[R, n]` or cache width is one more trace; the same shapes reuse it, also across
+    instances and generations (`torch._dynamo` keeps up to `recompile_limit` traces, 8 by default, and runs
+    eagerly past them).
 
     Args:
         model: the decoding model.
