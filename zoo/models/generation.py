@@ -81,7 +81,7 @@ def stream_text(
     if use_cache:
         width = prompt.seq_len + max_new_tokens
         if step != "dynamic":
-            width = static_cache_len(model, width)
+            width = static_cache_len(width)
         cache = model.backbone.new_cache(prompt.batch_size, width)
     out = model.forward_hidden(prompt, cache=cache, elastic=elastic)
     if recording is not None:
