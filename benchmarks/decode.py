@@ -11,6 +11,11 @@
    `--checkpoint` (from `zoo fit --config configs/quickstart.yaml`, or `benchmarks/elastic.py
    --save-checkpoint`) for a meaningful speedup.
 
+With `--compile`, part 1 also runs the static text step eagerly (`step="static"`) and through
+`torch.compile` (`step="compiled"`, zoo/models/static_step.py), interleaved with the others, and reports
+their tokens/s, their speedup over the dynamic cached step and whether their greedy outputs match it. The
+compiled step is traced once per batch size before timing (its compile time is reported apart).
+
 Variants run interleaved after a warm-up, and the median of the repeats is reported. Progress goes to
 stderr; the last stdout line is one JSON object.
 
@@ -74,6 +79,9 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,8", help="comma-separated; the first is the headline")
     parser.add_argument("--prompt", default="1,20,21,22", help="unified ids of the prompt (all rows)")
     parser.add_argument("--no-speculative", action="store_true", help="skip the speculative-decoding part")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time the static and the compiled text step (part 1)"
+    )
     add_common_args(parser, repeats=3)
     args = parser.parse_args()
 
@@ -95,14 +103,27 @@ def main() -> None:
     log(f"model: {args.checkpoint or args.preset}, {model.num_parameters():,} parameters, weights {weights}")
 
     # -- 1. KV cache against recomputation ------------------------------------------------------------
-    def decoder(batch: int, use_cache: bool, new_tokens: int):
+    def decoder(batch: int, use_cache: bool, new_tokens: int, step: str = "dynamic"):
         prompts = [prompt] * batch
-        return lambda: model.generate(prompts, new_tokens, temperature=0, stop_ids=(), use_cache=use_cache)
+        return lambda: model.generate(
+            prompts, new_tokens, temperature=0, stop_ids=(), use_cache=use_cache, step=step
+        )
 
     variants = {}
     for b in batch_sizes:
         variants[f"cache_b{b}"] = decoder(b, True, n)
         variants[f"recompute_b{b}"] = decoder(b, False, n)
+        if args.compile:
+            variants[f"static_b{b}"] = decoder(b, True, n, "static")
+            variants[f"compiled_b{b}"] = decoder(b, True, n, "compiled")
+    compile_s = {}
+    if args.compile:
+        # A trace per (rows, cache width): warm up at the timed width, so no round compiles.
+        for b in batch_sizes:
+            start = time.perf_counter()
+            decoder(b, True, n, "compiled")()
+            compile_s[b] = round(time.perf_counter() - start, 1)
+            log(f"compiled step, batch {b}: first run (trace and compile) {compile_s[b]} s")
     log(f"warm-up (16 tokens each), then {args.repeats} interleaved rounds of {n} tokens")
     for _ in range(args.warmup):
         for b in batch_sizes:
@@ -129,6 +150,16 @@ def main() -> None:
         if diff is not None:
             result[f"outputs_first_difference_b{b}"] = diff
             log(f"batch {b}: cached and recomputed greedy outputs first differ at step {diff}")
+        if args.compile:
+            for kind in ("static", "compiled"):
+                result[f"tokens_per_s_{kind}_b{b}"] = round(b * n / seconds[f"{kind}_b{b}"], 1)
+                result[f"{kind}_speedup{suffix}"] = round(cached / seconds[f"{kind}_b{b}"], 2)
+                diff = first_difference(outputs[f"cache_b{b}"], outputs[f"{kind}_b{b}"])
+                all_match &= diff is None
+                if diff is not None:
+                    result[f"{kind}_outputs_first_difference_b{b}"] = diff
+                    log(f"batch {b}: {kind} and dynamic cached greedy outputs first differ at step {diff}")
+            result[f"compile_s_b{b}"] = compile_s[b]
     result["outputs_match"] = all_match
     result["timing_spread"] = spread
     result["kv_cache_target"] = KV_CACHE_TARGET

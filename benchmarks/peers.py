@@ -10,7 +10,8 @@ Measured, in one process with the variants interleaved (`_common.time_interleave
 - decode tokens/s, greedy, `--new-tokens` (128) after a `--prompt-len` (32) token prompt, batch 1 and 8:
   the zoo's `generate` against HF `generate` with each of its expert implementations ("eager",
   "batched_mm", "grouped_mm"), the best of which is the reference (`decode_bs1_over_hf`,
-  `decode_bs8_over_hf`);
+  `decode_bs8_over_hf`); with `--compile` also the zoo's compiled static text step
+  (`step="compiled"`, zoo/models/static_step.py; traced before timing), `decode_bs{1,8}_compiled_over_hf`;
 - training forward + backward tokens/s at 8 x 256 against HF with "grouped_mm" (`train_over_hf`);
 - the MoE layer alone, forward + backward over 4096 tokens, against HF's sparse MoE block with
   "grouped_mm" (`moe_over_hf`) and against a dense SwiGLU of the same active FLOPs, hidden 2 x 128
@@ -125,13 +126,20 @@ def text_rows(ids: torch.Tensor):  # noqa: ANN201 (GroupBatch)
     return text_batch(ids, torch.zeros_like(ids), index)
 
 
-def decode_variants(zoo: UnifiedModel, hfs: dict, prompts: torch.Tensor, new_tokens: int) -> dict:
+def decode_variants(
+    zoo: UnifiedModel, hfs: dict, prompts: torch.Tensor, new_tokens: int, compiled: bool = False
+) -> dict:
     rows = prompts.tolist()
 
-    def ours() -> object:
-        return zoo.generate(rows, new_tokens, temperature=0.0, stop_ids=())
+    def ours(step: str = "dynamic") -> object:
+        return zoo.generate(rows, new_tokens, temperature=0.0, stop_ids=(), step=step)
 
     variants = {"zoo": ours}
+    if compiled:
+        start = time.perf_counter()
+        ours("compiled")  # trace and compile at the timed shape, outside the timing
+        log(f"  compiled step: first run (trace and compile) {time.perf_counter() - start:.1f} s")
+        variants["zoo_compiled"] = lambda: ours("compiled")
     for name, hf in hfs.items():
         variants[f"hf_{name}"] = lambda hf=hf: hf.generate(
             prompts, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
@@ -198,7 +206,7 @@ def measure(args: argparse.Namespace, threads: int) -> dict[str, float]:
     for batch in (1, 8):
         log(f"decode, batch {batch}, {threads} thread(s)")
         seconds, _, spread = time_interleaved(
-            decode_variants(zoo, hfs, prompt[:batch], args.new_tokens),
+            decode_variants(zoo, hfs, prompt[:batch], args.new_tokens, args.compile),
             args.warmup,
             args.repeats,
             f"bs{batch} ",
@@ -209,6 +217,9 @@ def measure(args: argparse.Namespace, threads: int) -> dict[str, float]:
         for name in EXPERT_IMPLEMENTATIONS:
             out[f"decode_bs{batch}_hf_{name}_tokens_per_s"] = round(tokens / seconds[f"hf_{name}"], 1)
         out[f"decode_bs{batch}_over_hf"] = round(best / seconds["zoo"], 3)
+        if args.compile:
+            out[f"decode_bs{batch}_compiled_tokens_per_s"] = round(tokens / seconds["zoo_compiled"], 1)
+            out[f"decode_bs{batch}_compiled_over_hf"] = round(best / seconds["zoo_compiled"], 3)
         out[f"decode_bs{batch}_spread"] = spread
     log(f"training, {args.train_batch} x {args.train_length}, {threads} thread(s)")
     zoo.train()
@@ -248,6 +259,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of every variant first")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per variant (median taken)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="also time the compiled text decode step")
     args = parser.parse_args()
 
     wall = time.perf_counter()

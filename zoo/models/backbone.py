@@ -81,7 +81,12 @@ class AttentionContext:
     sin: Tensor
     mask: Tensor
     cache: KVCache | None = None
-    start: int = 0  # where this pass's positions go in the cache
+    start: int | Tensor = 0  # where this pass's positions go in the cache (a tensor: a static step)
+
+    @property
+    def static(self) -> bool:
+        """A static step (`UnifiedTransformer.static_context`): no shape may depend on a tensor's value."""
+        return isinstance(self.start, Tensor)
 
 
 class Attention(nn.Module):
@@ -146,7 +151,9 @@ class TransformerBlock(nn.Module):
             return x + self.ffn(h), None
         # Only real tokens reach the router: padding must not count as load or pull the balance.
         tokens = h.reshape(-1, h.shape[-1]) if valid is None else h[valid]
-        moe = self.ffn(tokens, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
+        # A static step takes the MoE's gathered path at any row count: the sorted one's shapes follow data.
+        run = self.ffn.forward_gathered if ctx.static else self.ffn
+        moe = run(tokens, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
         if valid is None:
             return x + moe.out.view_as(x), moe.router
         out = torch.zeros_like(h)
@@ -344,6 +351,21 @@ class UnifiedTransformer(Configurable, nn.Module):
         )
         return AttentionContext(cos, sin, mask, cache, start)
 
+    def static_context(self, batch: GroupBatch, cache: KVCache, at: Tensor) -> AttentionContext:
+        """A static step's context: its `[R, n]` positions go to cache columns `at .. at + n` (`at` a 0-d
+        tensor, the columns `cache.reserve`d) and attend over the cache's whole width, the group rule
+        masking the columns not written yet, so no shape depends on how far decoding is. Every position
+        of a step is real (one document a row, `zoo.models.decode.step_batch`): the group rule then lets
+        each see itself, as `group_attention_mask` does."""
+        cos, sin = self.rope(batch.positions)
+        columns = at + torch.arange(batch.seq_len, device=at.device)
+        cache.write_ids(columns, batch.doc_id, batch.group_id)
+        written = torch.arange(cache.max_len, device=at.device) <= columns[-1]
+        same_doc = batch.doc_id[:, :, None] == cache.all_doc_id[:, None, :]
+        earlier_group = cache.all_group_id[:, None, :] <= batch.group_id[:, :, None]
+        mask = (same_doc & earlier_group & written)[:, None]
+        return AttentionContext(cos, sin, mask, cache, at)
+
     def forward(
         self,
         embeddings: Tensor,
@@ -351,15 +373,22 @@ class UnifiedTransformer(Configurable, nn.Module):
         elastic: ElasticConfig | None = None,
         cache: KVCache | None = None,
         routing: dict[int, Tensor] | None = None,
+        at: Tensor | None = None,
     ) -> BackboneOutput:
         """Run the (sub-)model on `[B, L, D]` embeddings laid out as `batch` says.
 
         elastic: run only some layers / experts / a smaller top-k. cache: append to a KV cache.
         routing: replay recorded expert sets per MoE layer (gate weights still come from the router).
+        at: a static step (`static_context`): the cache column of the first position, as a 0-d tensor;
+        every position is real, so nothing here reads a tensor's value (a compiled step has no graph break).
         """
-        ctx = self.context(batch, cache)
-        valid = batch.valid
-        valid = None if bool(valid.all()) else valid
+        if at is not None:
+            if cache is None:
+                raise ValueError("a static step (at=...) writes into a KV cache: pass cache")
+            ctx, valid = self.static_context(batch, cache, at), None
+        else:
+            ctx, valid = self.context(batch, cache), batch.valid
+            valid = None if bool(valid.all()) else valid
         layers = range(self.n_layers) if elastic is None or elastic.layers is None else elastic.layers
         top_k = None if elastic is None else elastic.top_k
         expert_mask = None if elastic is None else elastic.expert_mask(self.n_experts, embeddings.device)

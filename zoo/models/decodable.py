@@ -41,6 +41,7 @@ class DecodingModel(Protocol):
         elastic: ElasticConfig | None = None,
         routing: dict[int, Tensor] | None = None,
         inputs: Tensor | None = None,
+        at: Tensor | None = None,
     ) -> BackboneOutput: ...
 
     def sampling_logits(self, hidden: Tensor) -> Tensor: ...

@@ -147,6 +147,16 @@ class Recording:
             for layer, chosen in per_row[row].items():
                 self._routing[row].setdefault(layer, []).append(chosen)
 
+    def fed_step(self, routing: dict[int, Tensor]) -> None:
+        """A static step's routing (`zoo.models.static_step`): per MoE layer `[R * n, k]`, n real positions
+        a row, row-major."""
+        if not self.record_routing:
+            return
+        rows = len(self._routing)
+        for layer, chosen in routing.items():
+            for row, part in enumerate(chosen.view(rows, -1, chosen.shape[-1])):
+                self._routing[row].setdefault(layer, []).append(part)
+
     def sampled(self, rows: Sequence[int], logprobs: Tensor) -> None:
         """`[len(rows), n]` log-probs of the n decisions each of `rows` just sampled."""
         for row, values in zip(rows, logprobs.tolist(), strict=True):

@@ -6,12 +6,17 @@ earlier one, which with a cache needs no recomputation. Prompts of different len
 padding has no document (`PAD_DOC`) so nothing attends to it. `stream_text` yields every step's ids (the
 token iterator a server streams); `generate_text` and `zoo.models.media_generation.generate_text_after`
 collect it for prompts of unified ids and for prompt batches with media.
+
+`step` picks the text step after the prefill: "dynamic" (default, `decode.text_step`: the cache sliced to
+its filled length), "static" (`zoo.models.static_step.StaticTextStep`: every shape fixed, attention over
+the whole preallocated cache) or "compiled" (the static step through `torch.compile`; CUDA graphs on GPU).
+All three give the same greedy tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -21,6 +26,9 @@ from zoo.models.decode import Cursor, Recording, mtp_draft_step, text_prompts, t
 from zoo.models.elastic import ElasticConfig
 from zoo.models.kv_cache import KVCache
 from zoo.models.sampling import Sampler
+from zoo.models.static_step import StaticTextStep, static_cache_len
+
+TextStepKind = Literal["dynamic", "static", "compiled"]
 
 if TYPE_CHECKING:
     from zoo.models.decodable import DecodingModel
@@ -53,35 +61,54 @@ def stream_text(
     elastic: ElasticConfig | None = None,
     use_cache: bool = True,
     recording: Recording | None = None,
+    step: TextStepKind = "dynamic",
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Continue a left-padded prompt batch (any groups) with text, one token a row per step.
 
     Yields per step the sampled ids `[B]` and `[B]` bool: which rows they belong to (False for a row that
     sampled a stop id before: its id is padding). Ends after every row has sampled a stop id (kept), or
     after `max_new_tokens` steps. Text comes from `model.sampling_logits`. With `use_cache=False` every
-    step recomputes the whole sequence (text prompts only): the reference the cache must match.
+    step recomputes the whole sequence (text prompts only): the reference the cache must match. `step`:
+    the text step after the prefill (module docstring); "static" and "compiled" need the cache.
     """
+    if step not in ("dynamic", "static", "compiled"):
+        raise ValueError(f"step={step!r}: expected 'dynamic', 'static' or 'compiled'")
+    if step != "dynamic" and not use_cache:
+        raise ValueError(f"step={step!r} writes into a KV cache: it needs use_cache=True")
     device = prompt.input_ids.device
     stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    cache = None
+    cache, static = None, None
     if use_cache:
-        cache = model.backbone.new_cache(prompt.batch_size, prompt.seq_len + max_new_tokens)
+        width = prompt.seq_len + max_new_tokens
+        if step != "dynamic":
+            width = static_cache_len(width)
+        cache = model.backbone.new_cache(prompt.batch_size, width)
     out = model.forward_hidden(prompt, cache=cache, elastic=elastic)
     if recording is not None:
         recording.fed(out, prompt)
+    if cache is not None and step != "dynamic":
+        static = StaticTextStep(model, cache, elastic, compile=step == "compiled")
     cursor, sequence = Cursor.after(prompt), prompt
     live = torch.ones(prompt.batch_size, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        logits = model.sampling_logits(out.hidden[:, -1])
+    logits = model.sampling_logits(out.hidden[:, -1])
+    for n in range(max_new_tokens):
         token = sampler.sample(logits)
         if recording is not None:
             rows = live.nonzero()[:, 0]
             recording.sampled(rows.tolist(), sampler.logprob(logits[rows], token[rows])[:, None])
         yield token, live
         live = live & ~torch.isin(token, stop)
-        if not bool(live.any()) or step + 1 == max_new_tokens:
+        if not bool(live.any()) or n + 1 == max_new_tokens:
             return
-        out, sequence = text_step(model, cache, token[:, None], cursor, elastic, recording, before=sequence)
+        if static is not None:
+            step_logits, routing = static(token[:, None], cursor)
+            logits = step_logits[:, -1]
+            if recording is not None:
+                recording.fed_step(routing)
+        else:
+            ids = token[:, None]
+            out, sequence = text_step(model, cache, ids, cursor, elastic, recording, before=sequence)
+            logits = model.sampling_logits(out.hidden[:, -1])
         cursor = cursor.advance()
 
 
@@ -97,14 +124,17 @@ def generate_text(
     use_cache: bool = True,
     stop_ids: tuple[int, ...] | None = None,
     generator: torch.Generator | None = None,
+    step: TextStepKind = "dynamic",
 ) -> list[list[int]]:
     """Continue each prompt (unified ids) by up to `max_new_tokens`; a row stops after a stop id (kept;
-    default `<eos>`, `()` never stops). With `use_cache=False` every step recomputes the whole sequence."""
+    default `<eos>`, `()` never stops). With `use_cache=False` every step recomputes the whole sequence.
+    `step="compiled"`: the static text step through `torch.compile` (module docstring), once per (rows,
+    cache width rounded up to `static_step.STATIC_LEN_MULTIPLE`); "static" runs it eagerly."""
     check_prompts(model, prompts, max_new_tokens)
     sampler = Sampler(temperature, top_k, top_p, generator)
     stop_ids = (model.vocab.eos_id,) if stop_ids is None else stop_ids
     stream = stream_text(
-        model, text_prompts(model, prompts), max_new_tokens, sampler, stop_ids, elastic, use_cache
+        model, text_prompts(model, prompts), max_new_tokens, sampler, stop_ids, elastic, use_cache, step=step
     )
     return collect(stream, len(prompts))
 

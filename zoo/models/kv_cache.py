@@ -9,6 +9,11 @@ its left, which nothing attends to.
 The cache changes only through its methods: a forward `extend`s it by its positions and each layer
 `store`s its keys and values there; speculative decoding `truncate`s rejected drafts; continuous batching
 `join`s rows prefilled apart, `select`s the rows that stay and `grow`s it when decoding outgrows it.
+
+A static step (`zoo.models.static_step`, the compiled text decode) keeps every shape fixed from token to
+token: it `reserve`s its columns on the host, then, inside the traced step, `write_ids` and `store` at a
+column given as a tensor and attends over the whole preallocated width (`all_doc_id`, `all_group_id`,
+the unfilled columns masked).
 """
 
 from __future__ import annotations
@@ -85,6 +90,20 @@ class KVCache:
         """`[R, length]` group ids of the cached positions (a view: do not write it)."""
         return self._group_id[:, : self._length]
 
+    @property
+    def all_doc_id(self) -> Tensor:
+        """`[R, max_len]` document ids of every column, filled or not (a static step masks the unfilled)."""
+        return self._doc_id
+
+    @property
+    def all_group_id(self) -> Tensor:
+        """`[R, max_len]` group ids of every column, filled or not."""
+        return self._group_id
+
+    def buffers(self) -> list[Tensor]:
+        """Every tensor the cache holds (CUDA graphs are told their addresses stay put)."""
+        return [*self._k, *self._v, self._doc_id, self._group_id]
+
     # -- a forward --------------------------------------------------------------------------------------
     def extend(self, doc_id: Tensor, group_id: Tensor) -> int:
         """Take the next `n` columns for a forward of `[R, n]` positions with these ids; returns the first.
@@ -98,9 +117,30 @@ class KVCache:
         self._length = end
         return start
 
-    def store(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def reserve(self, n: int) -> int:
+        """Take the next `n` columns for a static step, which writes their ids itself (`write_ids`);
+        returns the first. The host's bookkeeping only: nothing is written here."""
+        start, end = self._length, self._length + n
+        if end > self.max_len:
+            raise ValueError(f"cache holds {self.max_len} positions; {start} used + {n} new = {end}")
+        self._length = end
+        return start
+
+    def write_ids(self, columns: Tensor, doc_id: Tensor, group_id: Tensor) -> None:
+        """Write `[R, n]` ids at `columns` `[n]` (a tensor: the shapes, not the values, are what a compiled
+        step sees, so it runs unchanged at every column)."""
+        self._doc_id.index_copy_(1, columns, doc_id)
+        self._group_id.index_copy_(1, columns, group_id)
+
+    def store(self, layer: int, start: int | Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write one layer's `[R, KVH, n, Dh]` keys and values from column `start`; returns that layer's keys
-        and values of every position up to them (what the new positions attend over)."""
+        and values of every position up to them (what the new positions attend over). With `start` a
+        tensor (a static step) returns every column of the buffers: the caller's mask hides the unfilled."""
+        if isinstance(start, Tensor):
+            columns = start + torch.arange(k.shape[2], device=start.device)
+            self._k[layer].index_copy_(2, columns, k)
+            self._v[layer].index_copy_(2, columns, v)
+            return self._k[layer], self._v[layer]
         end = start + k.shape[2]
         keys, values = self._k[layer], self._v[layer]
         keys[:, :, start:end] = k

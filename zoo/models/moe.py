@@ -284,7 +284,10 @@ class Router(nn.Module):
             chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20)
         weights = (chosen * self.route_scale).to(x.dtype)
 
-        load = torch.bincount(indices.reshape(-1), minlength=n_experts).float()
+        # Counted by a scatter-add, not bincount, whose output shape depends on the data (a graph break
+        # under torch.compile); the counts are small integers, exact in float32 in any order.
+        flat = indices.reshape(-1)
+        load = logits.new_zeros(n_experts).index_add_(0, flat, logits.new_ones(flat.shape))
         if self.training:
             self.tokens_per_expert += load
             self.calls_available += 1.0 if expert_mask is None else self._available(expert_mask)
@@ -581,12 +584,34 @@ class MoEFeedForward(nn.Module):
     ) -> MoEOutput:
         """x [..., D] -> MoEOutput(out [..., D], router decisions for the flattened tokens).
         `expert_mask`: [E], or [N, E] per flattened token (modality-isolated routing); see Router."""
+        return self._route_and_run(x, top_k, expert_mask, forced_indices, gathered=False)
+
+    def forward_gathered(
+        self,
+        x: Tensor,
+        top_k: int | None = None,
+        expert_mask: Tensor | None = None,
+        forced_indices: Tensor | None = None,
+    ) -> MoEOutput:
+        """`forward`, each assignment through its own gathered expert weights whatever their count
+        (`_few_assignments`): a static decode step, whose shapes must not follow how many rows each
+        expert got (the sorted path's do). The same arithmetic per assignment; for a few rows only."""
+        return self._route_and_run(x, top_k, expert_mask, forced_indices, gathered=True)
+
+    def _route_and_run(
+        self,
+        x: Tensor,
+        top_k: int | None,
+        expert_mask: Tensor | None,
+        forced_indices: Tensor | None,
+        gathered: bool,
+    ) -> MoEOutput:
         if x.shape[-1] != self.dim:
             raise ValueError(f"MoE input has width {x.shape[-1]}: expected {self.dim}")
         flat_x = x.reshape(-1, self.dim)
         routing = self.router(flat_x, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
         n_tokens, k = routing.indices.shape
-        if n_tokens * k < self.experts.n_experts:
+        if gathered or n_tokens * k < self.experts.n_experts:
             out = self._few_assignments(flat_x, routing)
             if self.shared is not None:
                 out = out + self.shared(flat_x)

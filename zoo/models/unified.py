@@ -19,7 +19,7 @@ from zoo.batch import GroupBatch, Modality
 from zoo.config import Configurable
 from zoo.models.backbone import BackboneOutput, UnifiedTransformer
 from zoo.models.elastic import ElasticConfig
-from zoo.models.generation import generate_text
+from zoo.models.generation import TextStepKind, generate_text
 from zoo.models.heads import HeadOutput, TextHead
 from zoo.models.kv_cache import KVCache
 from zoo.models.moe import SwiGLU
@@ -195,15 +195,17 @@ class UnifiedModel(Configurable, nn.Module):
         routing: dict[int, Tensor] | None = None,
         inputs: Tensor | None = None,
         media: MediaInputs | None = None,
+        at: Tensor | None = None,
     ) -> BackboneOutput:
         """The backbone's pass over `batch`: every caller's way in (training, prefill, decode steps, RL).
 
         cache: append these positions to a KV cache (decoding). elastic: run a sub-model. routing: replay
         recorded expert sets (RL router replay). inputs: `[B, L, D]` embeddings the caller made itself,
         instead of `embed(batch, media)` (a decode step of visual or audio positions embeds its codes).
+        at: a static step's first cache column as a 0-d tensor (`zoo.models.static_step`).
         """
         x = self.embed(batch, media) if inputs is None else inputs
-        return self.backbone(x, batch, elastic=elastic, cache=cache, routing=routing)
+        return self.backbone(x, batch, elastic=elastic, cache=cache, routing=routing, at=at)
 
     def forward(
         self,
@@ -238,10 +240,22 @@ class UnifiedModel(Configurable, nn.Module):
         use_cache: bool = True,
         stop_ids: tuple[int, ...] | None = None,
         generator: torch.Generator | None = None,
+        step: TextStepKind = "dynamic",
     ) -> list[list[int]]:
-        """Sample text continuations of unified-id prompts; see `zoo.models.generation.generate_text`."""
+        """Sample text continuations of unified-id prompts; see `zoo.models.generation.generate_text`
+        (`step="compiled"`: the static, compiled text step)."""
         return generate_text(
-            self, prompts, max_new_tokens, temperature, top_k, top_p, elastic, use_cache, stop_ids, generator
+            self,
+            prompts,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            elastic,
+            use_cache,
+            stop_ids,
+            generator,
+            step,
         )
 
     def num_parameters(self, active: bool = False) -> int:
