@@ -102,7 +102,7 @@ def test_a_seeded_request_samples_the_same_tokens_alone_and_among_others(pipe):
         engine.submit(r)
     engine.start()  # all three admitted together, the seeded one in the middle row
     try:
-        collector.finished
+        assert collector.finished.reason == "length"
         assert collector.text(pipe) == alone
         assert {tuple(c.tokens) for _, c in others} != {tuple(collector.tokens)}
     finally:
