@@ -182,9 +182,14 @@ class Engine:
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the engine thread between decode steps (media generation, media prompts: the model
-        is never used by two threads at once); its result or exception comes back in the future."""
+        is never used by two threads at once); its result or exception comes back in the future. Raises
+        QueueFull past `max_queue` waiting jobs."""
         job = _Job(fn)
         with self._lock:
+            if len(self._jobs) >= max(self.max_queue, 1):
+                raise QueueFull(
+                    f"the server holds {len(self._jobs)} media jobs waiting (max_queue {self.max_queue})"
+                )
             self._jobs.append(job)
             self._lock.notify()
         return job.future
