@@ -11,6 +11,12 @@ from zoo.registry import create_model, get_preset, list_models
 from zoo.version import __version__
 
 __all__ = [
-    "Pipeline", "Speech", "__version__", "create_model", "get_preset", "list_models", "load_pretrained",
+    "Pipeline",
+    "Speech",
+    "__version__",
+    "create_model",
+    "get_preset",
+    "list_models",
+    "load_pretrained",
     "pipeline",
 ]

@@ -258,7 +258,13 @@ def push_to_hub(
     api = HfApi(endpoint=endpoint, token=token)
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(
-            model, tmp, tokenizer, datasets=datasets, metrics=metrics, tags=tags, license=license,
+            model,
+            tmp,
+            tokenizer,
+            datasets=datasets,
+            metrics=metrics,
+            tags=tags,
+            license=license,
             repo_id=repo_id,
         )
         api.create_repo(repo_id, private=private, exist_ok=True)
@@ -417,7 +423,7 @@ def load_lightning_checkpoint(path: str | Path) -> tuple[UnifiedModel, TextToken
     if not isinstance(model, UnifiedModel):
         raise ValueError(f"{path}: the task's model is a {type(model).__name__}, not a UnifiedModel")
     prefix = "model."
-    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:

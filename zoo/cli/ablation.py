@@ -37,7 +37,11 @@ from jsonargparse import Namespace
 
 # Callbacks that write outside the run directory or only make pictures: not part of what is compared.
 LEFT_OUT_CALLBACKS = (
-    "ModelCheckpoint", "ZooCheckpoint", "MultimodalGallery", "GenerationWriter", "SampleGenerations"
+    "ModelCheckpoint",
+    "ZooCheckpoint",
+    "MultimodalGallery",
+    "GenerationWriter",
+    "SampleGenerations",
 )
 
 
@@ -234,12 +238,24 @@ def main(argv: list[str]) -> None:
             )
             runs.setdefault(variant.name, {})[str(seed)] = metrics
             summary = summarise(runs)
-            results_path.write_text(json.dumps(
-                {"config": args.config, "variants": {v.name: list(v.overlays) for v in variants},
-                 "settings": args.set, "runs": runs, "summary": summary}, indent=2,
-            ) + "\n")
-            print(f"[{done}/{total}] {variant.name} seed {seed}: {time.perf_counter() - start:.0f} s, "
-                  + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())), flush=True)
+            results_path.write_text(
+                json.dumps(
+                    {
+                        "config": args.config,
+                        "variants": {v.name: list(v.overlays) for v in variants},
+                        "settings": args.set,
+                        "runs": runs,
+                        "summary": summary,
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
+            print(
+                f"[{done}/{total}] {variant.name} seed {seed}: {time.perf_counter() - start:.0f} s, "
+                + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())),
+                flush=True,
+            )
     text = table(summarise(runs), args.metrics)
     if args.train_metrics:
         names = [v.name for v in variants]

@@ -1,5 +1,5 @@
 """The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull,
-pre-tokenization."""
+pre-tokenization, serving."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ EXTRA_COMMANDS = {
     "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
+    "serve": "serve a model (checkpoint, export or hub id) over an OpenAI-compatible HTTP API",
 }
 
 
@@ -81,7 +82,12 @@ def push_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     model, tokenizer = load_lightning_checkpoint(args.checkpoint)
     url = push_to_hub(
-        model, args.repo_id, tokenizer, token=args.token, private=args.private, datasets=args.datasets,
+        model,
+        args.repo_id,
+        tokenizer,
+        token=args.token,
+        private=args.private,
+        datasets=args.datasets,
         license=args.license,
     )
     print(f"pushed {args.repo_id}: {url}")
@@ -100,7 +106,11 @@ def pull_main(argv: list[str]) -> None:
     parser.add_argument("--endpoint", default=None, help="another hub than HF_ENDPOINT (a mirror)")
     args = parser.parse_args(argv)
     out = snapshot_download(
-        args.repo_id, revision=args.revision, token=args.token, local_dir=args.out, endpoint=args.endpoint,
+        args.repo_id,
+        revision=args.revision,
+        token=args.token,
+        local_dir=args.out,
+        endpoint=args.endpoint,
         allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, CARD_NAME],
     )
     model = from_pretrained(out)  # refuses a config outside the allow-list or weights that do not fit
@@ -131,6 +141,12 @@ def _tokenize(argv: list[str]) -> None:
     tokenize_main(argv)
 
 
+def _serve(argv: list[str]) -> None:
+    from zoo.serve.command import serve_main
+
+    serve_main(argv, _parser("serve"))
+
+
 def extra_command(name: str) -> Callable[[list[str]], None] | None:
     """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
     return {
@@ -143,4 +159,5 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "analyze": _analyze,
         "ablate": _ablate,
         "tokenize": _tokenize,
+        "serve": _serve,
     }.get(name)

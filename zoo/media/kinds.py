@@ -13,7 +13,7 @@ AUDIO_SUFFIXES = ("wav", "flac", "ogg", "oga", "opus", "mp3")
 
 
 def kind_of(name: str | Path) -> MediaKind | None:
-    """"image", "video" or "audio" for a file name (`a.JPG`), a suffix (`.flac`) or a WebDataset key (`mp4`);
+    """ "image", "video" or "audio" for a file name (`a.JPG`), a suffix (`.flac`) or a WebDataset key (`mp4`);
     a folder is a video (of frame files); None for anything else. An animated GIF counts as a video."""
     path = Path(name)
     text = str(name).lower()

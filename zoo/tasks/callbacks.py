@@ -189,8 +189,14 @@ class MultimodalGallery(L.Callback):
             return
         was_training = pl_module.training
         result = evaluate(
-            pl_module.model, datamodule, self.num_samples, self.split, self.cfg_scale, self.temperature,
-            self.top_k, seed=self.seed,
+            pl_module.model,
+            datamodule,
+            self.num_samples,
+            self.split,
+            self.cfg_scale,
+            self.temperature,
+            self.top_k,
+            seed=self.seed,
         )
         pl_module.train(was_training)
         page = write_gallery(result, out_dir, f"ShapesWorld gallery after {trainer.global_step} steps")
@@ -200,9 +206,11 @@ class MultimodalGallery(L.Callback):
         m = result.metrics
         for task in sorted({k.split("/")[0] for k in m}):
             table.add_row(
-                task, *(f"{m[f'{task}/{k}']:.2f}" for k in (
-                    "exact", "attribute_accuracy", "baseline_exact", "baseline_attribute_accuracy"
-                ))
+                task,
+                *(
+                    f"{m[f'{task}/{k}']:.2f}"
+                    for k in ("exact", "attribute_accuracy", "baseline_exact", "baseline_attribute_accuracy")
+                ),
             )
         console = Console()
         console.print(table)

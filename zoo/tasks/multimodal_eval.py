@@ -113,11 +113,32 @@ def evaluate(
         world = data.motion_world if task.media == "video" else data.world
         scenes = world.scenes(split, n)
         if task in GENERATION:
-            _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_audio_frames,
-                                 generator, cpu_generator, result)
+            _evaluate_generation(
+                model,
+                data,
+                task,
+                scenes,
+                cfg_scale,
+                temperature,
+                top_k,
+                max_audio_frames,
+                generator,
+                cpu_generator,
+                result,
+            )
         else:
-            _evaluate_understanding(model, data, task, scenes, split, caption_temperature, top_k,
-                                    max_caption_tokens, generator, result)
+            _evaluate_understanding(
+                model,
+                data,
+                task,
+                scenes,
+                split,
+                caption_temperature,
+                top_k,
+                max_caption_tokens,
+                generator,
+                result,
+            )
     return result
 
 
@@ -129,8 +150,9 @@ def _verify(task: str, media: Tensor, scene: Scene, data: ShapesMultimodalDataMo
     return verify_speech(media, scene, SAMPLE_RATE)
 
 
-def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_frames,
-                         generator, cpu_generator, result) -> None:  # noqa: ANN001 (internal)
+def _evaluate_generation(
+    model, data, task, scenes, cfg_scale, temperature, top_k, max_frames, generator, cpu_generator, result
+) -> None:  # noqa: ANN001 (internal)
     prompts = [data.generation_prompt(task, s) for s in scenes]
     if task == Task.TEXT_TO_AUDIO:
         codes = generate_audio(model, prompts, max_frames, temperature, top_k, None, generator)
@@ -150,12 +172,14 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
     world = data.motion_world if task.media == "video" else data.world
     for scene, m, score in zip(scenes, media, scores, strict=True):
         result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
-    result.metrics.update({
-        f"{task}/exact": _mean(scores, "exact"),
-        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
-        f"{task}/baseline_exact": _mean(base, "exact"),
-        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
-    })
+    result.metrics.update(
+        {
+            f"{task}/exact": _mean(scores, "exact"),
+            f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
+            f"{task}/baseline_exact": _mean(base, "exact"),
+            f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
+        }
+    )
     if task == Task.TEXT_TO_AUDIO:  # partial credit: the right words in a caption that does not parse
         said = [world.caption(s) for s in scenes]
         for key, waves in (("word_accuracy", media), ("baseline_word_accuracy", baseline)):
@@ -163,8 +187,9 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
             result.metrics[f"{task}/{key}"] = sum(map(word_accuracy, said, heard)) / max(len(said), 1)
 
 
-def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_tokens,
-                            generator, result) -> None:  # noqa: ANN001 (internal)
+def _evaluate_understanding(
+    model, data, task, scenes, split, temperature, top_k, max_tokens, generator, result
+) -> None:  # noqa: ANN001 (internal)
     world = data.motion_world if task.media == "video" else data.world
     prompts = [data.understanding_prompt(task, s, i, split) for i, s in enumerate(scenes)]
     batch = data.builder.collate_prompts(prompts).to(next(model.parameters()).device)
@@ -179,12 +204,14 @@ def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k
         given = getattr(media, "pixels", None)
         given = given if given is not None else getattr(media, "wave", None)
         result.samples.append(Sample(task, scene, world.caption(scene), text, given, score))
-    result.metrics.update({
-        f"{task}/exact": _mean(scores, "exact"),
-        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
-        f"{task}/baseline_exact": _mean(base, "exact"),
-        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
-    })
+    result.metrics.update(
+        {
+            f"{task}/exact": _mean(scores, "exact"),
+            f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
+            f"{task}/baseline_exact": _mean(base, "exact"),
+            f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
+        }
+    )
 
 
 @torch.no_grad()
@@ -219,8 +246,11 @@ def answer_requests(
                 media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
             else:
                 frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
-                media = list(model.nfsp.decode(generate_visual(model, prompts, frames, cfg_scale, temperature,
-                                                               top_k)).cpu())
+                media = list(
+                    model.nfsp.decode(
+                        generate_visual(model, prompts, frames, cfg_scale, temperature, top_k)
+                    ).cpu()
+                )
             for r, m in zip(chosen, media, strict=True):
                 row: dict[str, object] = {"task": task, "name": r.name, "prompt": data.decode(r.prompt)}
                 row["media"] = m
@@ -313,8 +343,10 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
                 picture = save_spectrogram_png(sample.media, directory / f"{task}_{i:03d}_spectrogram.png")
                 link = f"[![{task} {i}]({picture.name})]({name})"
             score = sample.score
-            verdict = "unreadable" if score is None or not score.parsed else (
-                f"{'exact' if score.exact else 'inexact'}, attributes {score.attribute_accuracy:.2f}"
+            verdict = (
+                "unreadable"
+                if score is None or not score.parsed
+                else (f"{'exact' if score.exact else 'inexact'}, attributes {score.attribute_accuracy:.2f}")
             )
             if task in GENERATION:
                 lines.append(f"| {sample.prompt} | {link} | {verdict} |")

@@ -216,8 +216,14 @@ class UnifiedPretraining(L.LightningModule):
             s = self.sampling
             with gathered(self.model) as model:
                 return answer_requests(
-                    model, datamodule, batch, s.cfg_scale, s.temperature, s.media_top_k,
-                    s.max_new_tokens, s.max_audio_frames,
+                    model,
+                    datamodule,
+                    batch,
+                    s.cfg_scale,
+                    s.temperature,
+                    s.media_top_k,
+                    s.max_new_tokens,
+                    s.max_audio_frames,
                 )
         limit, budget = self.model.backbone.max_seq_len, self.sampling.max_new_tokens
         fitting = [p for p in batch if len(p) + budget <= limit]
