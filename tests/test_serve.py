@@ -243,6 +243,20 @@ def test_a_full_server_answers_429_with_retry_after_and_a_disconnect_frees_the_s
     assert client.chat.completions.create(model=MODEL, messages=user("two"), max_tokens=2).choices
 
 
+def test_a_client_that_gives_up_on_a_non_streamed_answer_frees_its_slot(strict):
+    engine, before = strict.engine, strict.engine.stats.tokens
+    body = {"model": MODEL, "messages": user("a small"), "max_tokens": 256, "temperature": 0}
+    with pytest.raises(httpx2.TimeoutException):
+        httpx2.post(
+            strict.url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": "Bearer k3y"},
+            timeout=0.15,
+        )
+    wait_until(lambda: engine.active == 0)
+    assert engine.stats.tokens - before < 256, "the generation ran on after its client left"
+
+
 def test_an_api_key_is_required_when_set_and_oversized_media_are_413(strict):
     anonymous = openai.OpenAI(base_url=strict.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

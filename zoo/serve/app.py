@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import io
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
@@ -38,6 +39,7 @@ from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import Request as StarletteRequest
 
 from zoo.batch import GroupBatch
 from zoo.datamodules.bad_samples import BadSample
@@ -256,6 +258,32 @@ async def _collect(run: TextRun, deadline: float) -> str:
     return "".join([piece async for piece in run.pieces(deadline)])
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its (non-streamed) answer was ready."""
+
+
+async def _unless_disconnected(request: StarletteRequest, work: Awaitable[T]) -> T:
+    """`work`, cancelled when the client disconnects (vLLM's `with_cancellation`): a non-streamed request
+    then frees its engine row at once instead of generating for no one. The body has been read, so the
+    next ASGI message can only be `http.disconnect`."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, APIError):
+        await task  # its `finally` aborts the engine's rows
+    raise ClientGone
+
+
 def create_app(
     pipe: Pipeline,
     model_name: str,
@@ -295,7 +323,7 @@ def create_app(
         return server.models()["data"][0]
 
     @v1.post("/chat/completions")
-    async def chat(body: ChatRequest):
+    async def chat(body: ChatRequest, request: StarletteRequest):
         server.check_model(body.model)
         deadline = server.deadline()
         if body.max_tokens is not None and body.max_completion_tokens not in (None, body.max_tokens):
@@ -322,13 +350,13 @@ def create_app(
             return StreamingResponse(
                 _stream(run, deadline, chunk, usage, first), media_type="text/event-stream"
             )
-        text = await _collect(run, deadline)
+        text = await _unless_disconnected(request, _collect(run, deadline))
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": run.finish_reason}
         return {**head, "object": "chat.completion", "choices": [choice], "usage": run.usage()}
 
     @v1.post("/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: StarletteRequest):
         server.check_model(body.model)
         deadline = server.deadline()
         if body.echo:
@@ -365,7 +393,9 @@ def create_app(
                 _stream(runs[0], deadline, chunk, usage, None), media_type="text/event-stream"
             )
         try:
-            texts = await asyncio.gather(*(_collect(run, deadline) for run in runs))
+            texts = await _unless_disconnected(
+                request, asyncio.gather(*(_collect(run, deadline) for run in runs))
+            )
         finally:
             for run in runs:
                 run.close()
@@ -434,6 +464,7 @@ def create_app(
 
     @v1.post("/audio/transcriptions")
     async def transcriptions(
+        request: StarletteRequest,
         file: Annotated[UploadFile, File()],
         model: Annotated[str, Form()],
         prompt: Annotated[str | None, Form()] = None,
@@ -466,7 +497,7 @@ def create_app(
         batch = await server.prompt(prompt or "", MediaPart("audio", raw, "file"), deadline)
         body = Sampling(model=model, temperature=temperature)
         run = server.run(batch, server.text_params(body, batch.seq_len, None))
-        text = await _collect(run, deadline)
+        text = await _unless_disconnected(request, _collect(run, deadline))
         return PlainTextResponse(text) if response_format == "text" else {"text": text}
 
     app.include_router(v1)
@@ -496,6 +527,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         else:
             message = f"{param}: {first['msg']}" if param else first["msg"]
         return JSONResponse(error_body(message, "invalid_request_error", param, kind), status_code=400)
+
+    @app.exception_handler(ClientGone)
+    async def gone(request, error: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": no one reads it
 
     @app.exception_handler(HTTPException)
     async def http_error(request, error: HTTPException) -> JSONResponse:
