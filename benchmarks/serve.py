@@ -114,7 +114,7 @@ async def one_request(client, i: int, max_tokens: int) -> tuple[float, int, str]
     try:
         answer = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-            max_tokens=max_tokens, temperature=1.0, seed=i,
+            max_tokens=max_tokens, temperature=1.0,
         )  # fmt: skip
     except openai.RateLimitError:
         return time.perf_counter() - start, 0, "429"

@@ -295,16 +295,37 @@ class Engine:
         cursor = Cursor.at([r.next_t for r in rows], [r.next_group for r in rows], self.device)
         out, _ = text_step(self.model, cache, ids, cursor)
         logits = self.model.sampling_logits(out.hidden[:, -1])
-        for i, row in enumerate(rows):
+        for row in rows:
             row.next_t, row.next_group = row.next_t + 1, row.next_group + 1
-            if row.finish is None:
-                self._take(row, logits[i : i + 1])
+        for indices, tokens in self._sample(logits):
+            for i, token in zip(indices, tokens, strict=True):
+                self._push(rows[i], token)
         self.stats.decode_steps += 1
         self.stats.row_steps += len(rows)
 
+    def _sample(self, logits: Tensor) -> list[tuple[list[int], list[int]]]:
+        """Every running row's next id from its row of `[R, V]` logits, as (rows, ids) groups. A seeded
+        row draws alone from its own generator (its tokens must not depend on the batch); rows with the
+        same settings and no seed (greedy ones among them) draw together, from torch's global stream."""
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(self._rows):
+            sampler = row.sampler
+            key = ("row", i) if sampler.generator is not None and not sampler.greedy else (
+                "shared", sampler.temperature, sampler.top_k, sampler.top_p
+            )  # fmt: skip
+            groups.setdefault(key, []).append(i)
+        drawn = []
+        for indices in groups.values():
+            sampler = self._rows[indices[0]].sampler
+            index = torch.tensor(indices, device=logits.device)
+            drawn.append((indices, sampler.sample(logits.index_select(0, index)).tolist()))
+        return drawn
+
     def _take(self, row: _Row, logits: Tensor) -> None:
         """Sample a row's next id from its `[1, V]` logits with its own sampler, and push it."""
-        token = int(row.sampler.sample(logits)[0])
+        self._push(row, int(row.sampler.sample(logits)[0]))
+
+    def _push(self, row: _Row, token: int) -> None:
         request = row.request
         if token in request.stop_ids:
             row.finish = "stop"
