@@ -204,6 +204,9 @@ def test_malformed_requests_are_400s_in_the_openai_envelope(served):
     chat = served.client.chat.completions.create
     with pytest.raises(openai.BadRequestError, match="unsupported parameter 'logprobs'"):
         chat(model=MODEL, messages=user("hi"), logprobs=True)
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[0\]: .*video_url"):
+        chat(model=MODEL, messages=user(video))
     with pytest.raises(openai.BadRequestError, match="only data URLs"):
         chat(model=MODEL, messages=user({"type": "image_url", "image_url": {"url": "http://x/y.png"}}))
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[0\]"):

@@ -136,6 +136,8 @@ def test_past_the_batch_and_the_queue_submit_raises_queue_full(pipe):
     engine.stop()
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         engine.submit(Request(waiting[0].prompt, 0, waiting[1]))
+    with pytest.raises(ValueError, match="up to 512 positions .* got 1 row\\(s\\) of 2 \\+ 511"):
+        engine.submit(Request(waiting[0].prompt, 511, waiting[1]))
 
 
 def test_jobs_run_on_the_engine_thread_between_steps_and_return_their_errors(pipe):

@@ -162,6 +162,12 @@ class Engine:
         """Queue a request; returns its id. Raises QueueFull when `max_batch` run and `max_queue` wait."""
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        context = self.model.backbone.max_seq_len
+        if request.prompt.batch_size != 1 or request.prompt.seq_len + request.max_tokens > context:
+            raise ValueError(
+                f"a request is one prompt row of up to {context} positions with its max_tokens; got "
+                f"{request.prompt.batch_size} row(s) of {request.prompt.seq_len} + {request.max_tokens}"
+            )
         Sampler(request.temperature, request.top_k, request.top_p)  # refuses bad settings here, not later
         with self._lock:
             if self._admitted + len(self._waiting) >= self.max_batch + self.max_queue:
@@ -216,7 +222,7 @@ class Engine:
                 admit, self._waiting = self._waiting[:free], self._waiting[free:]
                 self._admitted = len(self._rows) + len(admit)
             for request in dropped:
-                request.emit(Finished("abort", request.prompt.seq_len, 0))
+                _send(request, Finished("abort", request.prompt.seq_len, 0))
             for job in jobs:
                 self._run(job)
             try:
@@ -266,7 +272,7 @@ class Engine:
             log.exception("prefill of request %d failed", request.id)
             message = f"generation failed: {type(error).__name__}: {error}"
             self._count_out()
-            request.emit(Finished("error", request.prompt.seq_len, 0, message))
+            _send(request, Finished("error", request.prompt.seq_len, 0, message))
             return None
         row.next_t, row.next_group = int(cursor.t[0]), int(cursor.group[0])
         self.stats.prefills += 1
@@ -331,7 +337,7 @@ class Engine:
             row.finish = "stop"
             return
         row.pending, row.generated = token, row.generated + 1
-        request.emit(Token(token))
+        _send(request, Token(token))
         self.stats.tokens += 1
         if row.generated >= request.max_tokens:
             row.finish = "length"
@@ -357,7 +363,7 @@ class Engine:
 
     def _finished(self, row: _Row) -> None:
         self._count_out()  # before the client hears of it: a next request then finds the slot free
-        row.request.emit(Finished(row.finish, row.request.prompt.seq_len, row.generated))
+        _send(row.request, Finished(row.finish, row.request.prompt.seq_len, row.generated))
 
     def _fail(self, error: Exception) -> None:
         """Every running request ends with reason "error"; the engine goes on with an empty batch."""
@@ -367,7 +373,7 @@ class Engine:
         with self._lock:
             self._admitted = 0  # nothing runs now; requests admitted in this turn were all prefilled
         for row in rows:
-            row.request.emit(Finished("error", row.request.prompt.seq_len, row.generated, message))
+            _send(row.request, Finished("error", row.request.prompt.seq_len, row.generated, message))
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -377,7 +383,16 @@ class Engine:
             row.finish = "abort"
             self._finished(row)
         for request in waiting:
-            request.emit(Finished("abort", request.prompt.seq_len, 0))
+            _send(request, Finished("abort", request.prompt.seq_len, 0))
         for job in jobs:
             job.future.cancel()
         self._rows, self._cache, self._admitted = [], None, 0
+
+
+def _send(request: Request, event: Event) -> None:
+    """Push an event; a callback that fails (an event loop already closed) costs its request, not the
+    engine."""
+    try:
+        request.emit(event)
+    except Exception:
+        log.exception("the callback of request %d failed on %s", request.id, type(event).__name__)

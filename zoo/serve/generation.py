@@ -82,7 +82,8 @@ class TextRun:
             ) from None  # fmt: skip
 
     def _emit(self, event: Event) -> None:  # on the engine thread
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        if not self.loop.is_closed():  # a server shutting down: no one is left to read it
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
     def close(self) -> None:
         """Free the engine's row unless the request already ended there."""

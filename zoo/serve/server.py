@@ -266,9 +266,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
-        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = ".".join(loc) or None
+        first = max(error.errors(), key=lambda e: len(e.get("loc", ())))  # the deepest says most
+        param = field_path(first.get("loc", ()))
         kind = first.get("type", "invalid")
         if kind == "json_invalid":
             message, param = (
@@ -299,3 +298,26 @@ def add_error_handlers(app: FastAPI) -> None:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         message = f"internal server error: {type(error).__name__}: {error}"
         return JSONResponse(error_body(message, "server_error"), status_code=500)
+
+
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def field_path(loc: tuple) -> str | None:
+    """A pydantic error location as the request field a person wrote, `messages[0].content[1].text`:
+    without `body` and the labels of union branches and discriminator tags that pydantic adds."""
+    path, tag_next = "", False
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            continue
+        if part == "body" and not path:
+            continue
+        if "[" in part or part in _BRANCHES:  # a union branch's label
+            tag_next = "tagged-union" in part
+            continue
+        if tag_next:  # the discriminator's value after a tagged union's index
+            tag_next = False
+            continue
+        path += f".{part}" if path else part
+    return path or None
