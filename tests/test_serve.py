@@ -260,6 +260,18 @@ def test_a_client_that_gives_up_on_a_non_streamed_answer_frees_its_slot(strict):
     assert engine.stats.tokens - before < 256, "the generation ran on after its client left"
 
 
+def test_past_the_request_timeout_a_request_is_a_504_and_its_generation_stops(pipe):
+    running = Running(create_app(pipe, MODEL, limits=ServeLimits(request_timeout=0.05)))
+    try:
+        with pytest.raises(openai.APIStatusError, match="longer than the server's request timeout") as late:
+            running.client.chat.completions.create(model=MODEL, messages=user("a small"), max_tokens=256)
+        assert late.value.status_code == 504 and late.value.body["code"] == "timeout"
+        wait_until(lambda: running.engine.active == 0)
+        assert running.engine.stats.tokens < 256
+    finally:
+        running.stop()
+
+
 def test_an_api_key_is_required_when_set_and_oversized_media_are_413(strict):
     anonymous = openai.OpenAI(base_url=strict.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
