@@ -113,7 +113,10 @@ def create_app(
             return StreamingResponse(
                 stream_events(run, deadline, chunk, usage, first), media_type="text/event-stream"
             )
-        text = await unless_disconnected(request, collect(run, deadline))
+        try:
+            text = await unless_disconnected(request, collect(run, deadline))
+        finally:
+            run.close()  # a no-op unless the answer never began (cancelled before its first step)
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": run.finish_reason}
         return {**head, "object": "chat.completion", "choices": [choice], "usage": run.usage()}

@@ -112,5 +112,8 @@ def add_media_routes(v1: APIRouter, server: Server) -> None:
         batch = await server.prompt(prompt or "", MediaPart("audio", raw, "file"), deadline)
         body = Sampling(model=model, temperature=temperature)
         run = server.run(batch, server.text_params(body, batch.seq_len, None))
-        text = await unless_disconnected(request, collect(run, deadline))
+        try:
+            text = await unless_disconnected(request, collect(run, deadline))
+        finally:
+            run.close()
         return PlainTextResponse(text) if response_format == "text" else {"text": text}

@@ -207,8 +207,12 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def stream_events(run: TextRun, deadline: float, chunk: Callable[[str | None, str | None], dict],
-                  usage_chunk: dict | None, first: dict | None) -> AsyncIterator[str]:  # fmt: skip
+Chunk = Callable[[str | None, str | None], dict]  # (piece or None, finish_reason or None) -> one SSE chunk
+
+
+async def stream_events(
+    run: TextRun, deadline: float, chunk: Chunk, usage_chunk: dict | None, first: dict | None
+) -> AsyncIterator[str]:
     """SSE events of one answer: `first` (chat's role delta), a chunk per piece, the finishing chunk, the
     usage chunk (`include_usage`), `[DONE]`; an error mid-stream is an error event and no `[DONE]`. The
     `finally` frees the engine's row when the client goes away (Starlette cancels this generator)."""
