@@ -13,10 +13,10 @@ EXTRA_COMMANDS = {
     "extract": "same as export",
     "push": "publish a checkpoint's model and tokenizer to the Hugging Face Hub",
     "pull": "download a published model into a directory and check that it loads",
+    "serve": "serve a model (checkpoint, export or hub id) over an OpenAI-compatible HTTP API",
     "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
-    "serve": "serve a model (checkpoint, export or hub id) over an OpenAI-compatible HTTP API",
 }
 
 
@@ -123,6 +123,12 @@ def _train_tokenizer(argv: list[str]) -> None:
     train_tokenizer_main(argv)
 
 
+def _serve(argv: list[str]) -> None:
+    from zoo.serve.command import serve_main
+
+    serve_main(argv, _parser("serve"))
+
+
 def _analyze(argv: list[str]) -> None:
     from zoo.analysis.command import analyze_main
 
@@ -141,12 +147,6 @@ def _tokenize(argv: list[str]) -> None:
     tokenize_main(argv)
 
 
-def _serve(argv: list[str]) -> None:
-    from zoo.serve.command import serve_main
-
-    serve_main(argv, _parser("serve"))
-
-
 def extra_command(name: str) -> Callable[[list[str]], None] | None:
     """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
     return {
@@ -156,8 +156,8 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "extract": lambda argv: export_main(argv, "extract"),
         "push": push_main,
         "pull": pull_main,
+        "serve": _serve,
         "analyze": _analyze,
         "ablate": _ablate,
         "tokenize": _tokenize,
-        "serve": _serve,
     }.get(name)
