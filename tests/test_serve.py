@@ -32,6 +32,7 @@ from zoo.hub import save_pretrained
 from zoo.inference import Pipeline
 from zoo.serve.app import ServeLimits, create_app
 from zoo.serve.chat import MediaLimits
+from zoo.serve.command import model_name
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "tiny"
@@ -322,3 +323,12 @@ def test_zoo_serve_serves_an_exported_folder_until_terminated(pipe, tmp_path):
     finally:
         process.terminate()
         process.wait(20)
+
+
+def test_the_served_name_is_the_folders_the_checkpoints_run_or_the_hub_id(tmp_path):
+    checkpoint = tmp_path / "runs" / "quickstart" / "latest" / "checkpoints" / "last.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
+    assert model_name(str(checkpoint)) == "quickstart"
+    assert model_name(str(tmp_path / "runs") + "/") == "runs"
+    assert model_name("you/zoo-tiny") == "you/zoo-tiny"

@@ -21,7 +21,11 @@ def serve_main(argv: list[str], parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model-name", default=None, help="the name clients ask for (default: the source's)")
+    parser.add_argument(
+        "--model-name",
+        default=None,
+        help="the name clients ask for (default: the folder's name or the hub id)",
+    )
     parser.add_argument(
         "--api-key", default=os.environ.get("ZOO_API_KEY"), help="require Bearer KEY (or ZOO_API_KEY)"
     )
@@ -49,7 +53,7 @@ def serve_main(argv: list[str], parser: argparse.ArgumentParser) -> None:
     from zoo.serve.app import ServeLimits, create_app
 
     pipe = pipeline(args.source, device=args.device)
-    name = args.model_name or Path(str(args.source).rstrip("/")).name
+    name = args.model_name or model_name(args.source)
     limits = ServeLimits(
         max_tokens=args.max_tokens, request_timeout=args.request_timeout, max_images=args.max_images,
         max_audio_frames=args.max_audio_frames,
@@ -64,3 +68,14 @@ def serve_main(argv: list[str], parser: argparse.ArgumentParser) -> None:
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, workers=1, log_level=args.log_level)
+
+
+def model_name(source: str) -> str:
+    """The name clients ask for: a local folder's name, a checkpoint's run name, else the hub id as it is
+    (vLLM's rule: `you/zoo-tiny`)."""
+    path = Path(source.rstrip("/"))
+    if not path.exists():
+        return source
+    if path.is_file():  # runs/<run>/latest/checkpoints/last.ckpt: the run's name
+        return next((p.name for p in path.parents if p.name not in ("checkpoints", "latest")), path.stem)
+    return path.name
