@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks",),
     ("rl",),
     ("zoo",),
+    ("serve",),
     ("cli",),
 )
 

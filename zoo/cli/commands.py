@@ -1,5 +1,5 @@
 """The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull,
-pre-tokenization."""
+pre-tokenization, serving."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ EXTRA_COMMANDS = {
     "extract": "same as export",
     "push": "publish a checkpoint's model and tokenizer to the Hugging Face Hub",
     "pull": "download a published model into a directory and check that it loads",
+    "serve": "serve a model (checkpoint, export or hub id) over an OpenAI-compatible HTTP API",
     "analyze": "routing analysis of a checkpoint: expert heatmaps, top-expert IoU and entropy by modality",
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
@@ -82,7 +83,12 @@ def push_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     model, tokenizer = load_lightning_checkpoint(args.checkpoint)
     url = push_to_hub(
-        model, args.repo_id, tokenizer, token=args.token, private=args.private, datasets=args.datasets,
+        model,
+        args.repo_id,
+        tokenizer,
+        token=args.token,
+        private=args.private,
+        datasets=args.datasets,
         license=args.license,
     )
     print(f"pushed {args.repo_id}: {url}")
@@ -101,7 +107,11 @@ def pull_main(argv: list[str]) -> None:
     parser.add_argument("--endpoint", default=None, help="another hub than HF_ENDPOINT (a mirror)")
     args = parser.parse_args(argv)
     out = snapshot_download(
-        args.repo_id, revision=args.revision, token=args.token, local_dir=args.out, endpoint=args.endpoint,
+        args.repo_id,
+        revision=args.revision,
+        token=args.token,
+        local_dir=args.out,
+        endpoint=args.endpoint,
         allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, CARD_NAME],
     )
     model = from_pretrained(out)  # refuses a config outside the allow-list or weights that do not fit
@@ -112,6 +122,12 @@ def _train_tokenizer(argv: list[str]) -> None:
     from zoo.tokenizers.text import train_tokenizer_main
 
     train_tokenizer_main(argv)
+
+
+def _serve(argv: list[str]) -> None:
+    from zoo.serve.command import serve_main
+
+    serve_main(argv, _parser("serve"))
 
 
 def _analyze(argv: list[str]) -> None:
@@ -147,6 +163,7 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "extract": lambda argv: export_main(argv, "extract"),
         "push": push_main,
         "pull": pull_main,
+        "serve": _serve,
         "analyze": _analyze,
         "ablate": _ablate,
         "tokenize": _tokenize,

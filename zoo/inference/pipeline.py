@@ -28,6 +28,7 @@ import soundfile as sf
 import torch
 from PIL import Image
 
+from zoo.batch import GroupBatch
 from zoo.datamodules.bad_samples import BadSample
 from zoo.datamodules.documents import decode_text
 from zoo.datamodules.media_samples import Media, MediaSpec, decode_media
@@ -42,6 +43,7 @@ from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.task_names import Task
 from zoo.tokenizers.text import TextTokenizer
+from zoo.tokenizers.vocab import UnifiedVocab
 
 Output = Literal["text", "image", "video", "speech"]
 _GENERATES: dict[str, Task] = {
@@ -139,12 +141,12 @@ class Pipeline:
         prompt = self.maker.generation_prompt(task, text)
         generator = self._generator(seed)
         if output == "speech":
-            self._check_fits(len(prompt), max_audio_frames + 2, "audio frames")
+            self.check_fits(len(prompt), max_audio_frames + 2, "audio frames")
             model = self.model
             codes = generate_audio(model, [prompt], max_audio_frames, temperature, top_k, top_p, generator)
             return self._speech(codes[0])
         frames = self.layout.latent_frames(self.spec.video_frames) if output == "video" else 1
-        self._check_fits(len(prompt), 2 + frames * self.layout.tokens_per_frame, "visual codes")
+        self.check_fits(len(prompt), 2 + frames * self.layout.tokens_per_frame, "visual codes")
         codes = generate_visual(self.model, [prompt], frames, cfg_scale, temperature, top_k, top_p, generator)
         pixels = self.model.nfsp.decode(codes)[0]  # [3, H, W] or [3, T, H, W]
         if output == "image":
@@ -168,30 +170,36 @@ class Pipeline:
         pieces are the whole answer. A piece never ends in half a character."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        batch = self._text_prompt(text, image, audio, video)
-        self._check_fits(batch.seq_len, max_new_tokens, "new tokens")
+        batch = self.prompt_batch(text, image=image, audio=audio, video=video)
+        self.check_fits(batch.seq_len, max_new_tokens, "new tokens")
         sampler = Sampler(temperature, top_k, top_p, self._generator(seed))
         eos = self.model.vocab.eos_id
-        ids: list[int] = []
-        shown = ""
+        pieces = self.text_pieces()
         for token, _ in stream_text(self.model, batch.to(self.device), max_new_tokens, sampler, (eos,)):
             if int(token[0]) == eos:
                 break
-            ids.append(int(token[0]))
-            decoded = decode_text(self.tokenizer, self.model.vocab, ids)
-            if decoded.endswith(REPLACEMENT) or not decoded.startswith(shown):
-                continue  # half a character so far: wait for its other bytes
-            piece, shown = decoded[len(shown) :], decoded
+            piece = pieces.add(int(token[0]))
             if piece:
                 yield piece
-        rest = decode_text(self.tokenizer, self.model.vocab, ids)[len(shown) :]
+        rest = pieces.rest()
         if rest:
             yield rest
 
+    def text_pieces(self) -> TextPieces:
+        """An incremental decoder of this model's text ids into pieces that never split a character."""
+        return TextPieces(self.tokenizer, self.model.vocab)
+
     # -- prompts ----------------------------------------------------------------------------------------
-    def _text_prompt(
-        self, text: str | None, image: ImageInput | None, audio: AudioInput | None, video: MediaSource | None
-    ):
+    def prompt_batch(
+        self,
+        text: str | None,
+        *,
+        image: ImageInput | None = None,
+        audio: AudioInput | None = None,
+        video: MediaSource | None = None,
+    ) -> GroupBatch:
+        """The one-row prompt batch of a text answer (`.to(pipe.device)` it): `<bos>` and the text, or the
+        document training made for captioning the one medium given, `text` then being its prompt."""
         given = [(k, v) for k, v in (("image", image), ("audio", audio), ("video", video)) if v is not None]
         if len(given) > 1:
             raise ValueError(f"give one medium at a time, got {' and '.join(k for k, _ in given)}")
@@ -229,7 +237,8 @@ class Pipeline:
     def _forms(kind: str) -> str:
         return {"image": " or a PIL image", "audio": ", a Speech or (wave, sample_rate)"}.get(kind, "")
 
-    def _check_fits(self, prompt: int, answer: int, what: str) -> None:
+    def check_fits(self, prompt: int, answer: int, what: str) -> None:
+        """Refuse (ValueError naming both numbers) a prompt and an answer that exceed the context."""
         limit = self.model.backbone.max_seq_len
         if prompt + answer > limit:
             raise ValueError(
@@ -246,6 +255,29 @@ class Pipeline:
         codec = self.model.audio_codec
         wave = self.model.ncp.decode(codes[None])[0] if len(codes) else torch.zeros(0)
         return Speech(wave.detach().float().cpu().numpy(), int(codec.sample_rate))
+
+
+class TextPieces:
+    """Text ids decoded as they come: `add` returns the new piece (empty while a character is incomplete),
+    `rest` what is left at the end. Joined, the pieces are the decoding of all the ids."""
+
+    def __init__(self, tokenizer: TextTokenizer, vocab: UnifiedVocab) -> None:
+        self.tokenizer, self.vocab = tokenizer, vocab
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        decoded = decode_text(self.tokenizer, self.vocab, self.ids)
+        if decoded.endswith(REPLACEMENT) or not decoded.startswith(self.shown):
+            return ""  # half a character so far: wait for its other bytes
+        piece, self.shown = decoded[len(self.shown) :], decoded
+        return piece
+
+    def rest(self) -> str:
+        decoded = decode_text(self.tokenizer, self.vocab, self.ids)
+        piece, self.shown = decoded[len(self.shown) :], decoded
+        return piece
 
 
 def to_pil(pixels: torch.Tensor) -> Image.Image:
