@@ -213,3 +213,41 @@ def test_zoo_generate_streams_text_and_writes_images_and_speech_to_files(parts, 
     wrong = generate("a red circle", "--image", str(tmp_path / "scene.png"), "--output", "image")
     assert wrong.returncode != 0 and "give text only" in wrong.stderr
     assert "Traceback" not in wrong.stderr, "a user error is one line, not a traceback"
+
+
+def test_zoo_chat_keeps_the_conversation_resets_it_and_survives_bad_lines(pipe, parts, tmp_path):
+    from zoo.cli.chat import Conversation, run
+
+    picture(4).save(tmp_path / "scene.png")
+    lines = "\n".join([
+        "a small red", "/image missing.png", "/image " + str(tmp_path / "scene.png") + " and then",
+        "/image " + str(tmp_path / "scene.png"), "/reset", "a small red", "/bogus", "/quit", "never read",
+    ])  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    conversation = Conversation(pipe, {"temperature": 0}, 6)
+    run(conversation, io.StringIO(lines + "\n"), out, err, prompt="")
+    answers = out.getvalue().splitlines()
+    first = pipe("a small red", max_new_tokens=6, temperature=0)
+    # The second turn reads the first: the provisional rule joins every turn's text, the image its medium.
+    second = pipe("a small red\n" + first + "\nand then", image=tmp_path / "scene.png", max_new_tokens=6,
+                  temperature=0)  # fmt: skip
+    assert answers == [first, second, "(conversation forgotten)", first]
+    messages = err.getvalue().splitlines()
+    assert "missing.png: no such file" in messages[0]
+    assert "at most one image or audio part" in messages[1], "a second image in one conversation is refused"
+    assert "unknown command /bogus" in messages[2]
+    assert len(conversation.turns) == 2, "after /reset only the last exchange is kept"
+
+
+def test_zoo_chat_in_a_terminal_session(parts, tmp_path):
+    model, tokenizer = parts
+    folder = save_pretrained(model, tmp_path / "export", tokenizer)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "zoo.cli", "chat", str(folder), "--temperature", "0", "--max-new-tokens", "5"],
+        input="a small red\n/help\n", capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer, help_line = done.stdout.splitlines()
+    assert answer == Pipeline(*parts)("a small red", max_new_tokens=5, temperature=0)
+    assert help_line.startswith("commands: /image")

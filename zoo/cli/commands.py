@@ -18,6 +18,7 @@ EXTRA_COMMANDS = {
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
     "generate": "one answer of a trained model: text streamed, images and speech written to files",
+    "chat": "a conversation with a trained model in the terminal (text, /image, /audio, /reset)",
 }
 
 
@@ -148,6 +149,12 @@ def _tokenize(argv: list[str]) -> None:
     tokenize_main(argv)
 
 
+def _chat(argv: list[str]) -> None:
+    from zoo.cli.chat import chat_main
+
+    chat_main(argv)
+
+
 def _generate(argv: list[str]) -> None:
     from zoo.cli.generate import generate_main
 
@@ -168,4 +175,5 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "ablate": _ablate,
         "tokenize": _tokenize,
         "generate": _generate,
+        "chat": _chat,
     }.get(name)
