@@ -234,7 +234,7 @@ def test_zoo_chat_keeps_the_conversation_resets_it_and_survives_bad_lines(pipe, 
     assert answers == [first, second, "(conversation forgotten)", first]
     messages = err.getvalue().splitlines()
     assert "missing.png: no such file" in messages[0]
-    assert "at most one image or audio part" in messages[1], "a second image in one conversation is refused"
+    assert "at most one image or audio a conversation" in messages[1], "a second image is refused"
     assert "unknown command /bogus" in messages[2]
     assert len(conversation.turns) == 2, "after /reset only the last exchange is kept"
 

@@ -212,7 +212,7 @@ def test_malformed_requests_are_400s_in_the_openai_envelope(served):
         chat(model=MODEL, messages=user({"type": "image_url", "image_url": {"url": "http://x/y.png"}}))
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[0\]"):
         chat(model=MODEL, messages=user(data_url(b"not an image")), max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="at most one image or audio part"):
+    with pytest.raises(openai.BadRequestError, match="at most one image or audio a conversation"):
         chat(model=MODEL, messages=user(data_url(image_bytes(1)), data_url(image_bytes(2))))
 
 

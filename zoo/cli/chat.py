@@ -1,10 +1,11 @@
 """`zoo chat SOURCE`: a conversation with a trained model in the terminal (litgpt's `chat` shape).
 
 Each line you type is a user turn; the answer streams back. The conversation is kept and laid out for the
-model by the same rule as `zoo serve` (`zoo.serve.chat.lay_out`: provisional until the vocabulary has role
-tokens, issue 16 item 2). Commands:
+model as `zoo serve` lays it out (`Pipeline.conversation_batch`: the chat format of `zoo.datamodules.chat`
+when the model has role tokens, else the plain layout). Commands:
 
-    /image PATH [text]   send an image (to caption, or with a prompt); one image or audio a conversation
+    /image PATH [text]   send an image (to caption, or with a prompt); a model without role tokens reads one
+                         image or audio a conversation
     /audio PATH [text]   send speech (to transcribe)
     /reset               forget the conversation
     /help                these commands
@@ -49,33 +50,27 @@ class Conversation:
     def answer(self, text: str, media_kind: str | None, path: str | None, out: TextIO) -> None:
         """Stream the answer to `text` (with a medium from `path`) to `out`; the turn and its answer join
         the conversation only when the answer is complete."""
-        from zoo.serve.chat import MediaPart, TextPart, Turn, lay_out
+        from zoo.datamodules.chat import Turn
 
-        parts: list = [TextPart(text)] if text else []
+        parts: list = [text] if text else []
         if media_kind is not None and path is not None:
             file = Path(path).expanduser()
             if not file.is_file():
                 raise ValueError(f"{path}: no such file")
-            parts.append(MediaPart(media_kind, file.read_bytes(), path))  # type: ignore[arg-type]
-        turn = Turn("user", tuple(parts))
-        prompt = lay_out([*self.turns, turn])
-        media = {} if prompt.media is None else {prompt.media.kind: prompt.media.data}
-        pieces = self.pipe.stream(
-            prompt.text, **media, max_new_tokens=self.max_new_tokens, **self.sampling
-        )  # fmt: skip
+            parts.append(self.pipe.read_media(media_kind, file, name=path))
+        turn = Turn("user", tuple(parts), f"line {len(self.turns) // 2 + 1}")
+        pieces = self.pipe.chat([*self.turns, turn], max_new_tokens=self.max_new_tokens, **self.sampling)
         answer = []
         for piece in pieces:
             answer.append(piece)
             out.write(piece)
             out.flush()
         out.write("\n")
-        self.turns += [turn, Turn("assistant", (TextPart("".join(answer)),))]
+        self.turns += [turn, Turn("assistant", ("".join(answer),))]
 
 
 def run(conversation: Conversation, lines: TextIO, out: TextIO, err: TextIO, prompt: str) -> None:
     """Read `lines` until /quit or their end, answering each (module docstring)."""
-    from zoo.serve.chat import ChatError
-
     while True:
         if prompt:
             out.write(prompt)
@@ -108,7 +103,7 @@ def run(conversation: Conversation, lines: TextIO, out: TextIO, err: TextIO, pro
             continue
         try:
             conversation.answer(text.strip(), media_kind, path, out)
-        except (ValueError, ChatError) as error:  # MediaError and the pipeline's refusals are ValueErrors
+        except ValueError as error:  # MediaError, ChatError and the pipeline's refusals are ValueErrors
             hint = " (/reset starts afresh)" if "context" in str(error) else ""
             err.write(f"error: {error}{hint}\n")
 

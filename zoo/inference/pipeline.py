@@ -30,6 +30,7 @@ from PIL import Image
 
 from zoo.batch import GroupBatch
 from zoo.datamodules.bad_samples import BadSample
+from zoo.datamodules.chat import ChatError, Turn, chat_document, plain_layout
 from zoo.datamodules.documents import decode_text
 from zoo.datamodules.media_samples import Media, MediaSpec, decode_media
 from zoo.datamodules.paired_documents import DocumentMaker, MediaSupport
@@ -168,11 +169,39 @@ class Pipeline:
     ) -> Iterator[str]:
         """The text answer (as `__call__` with `output="text"`) in pieces as the tokens come; joined, the
         pieces are the whole answer. A piece never ends in half a character."""
+        batch = self.prompt_batch(text, image=image, audio=audio, video=video)
+        return self.stream_batch(batch, max_new_tokens, temperature, top_k, top_p, seed)
+
+    def chat(
+        self,
+        turns: list[Turn],
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """The assistant's answer to a conversation (`zoo.datamodules.chat.Turn`s), in pieces as `stream`."""
+        batch = self.conversation_batch(turns)
+        return self.stream_batch(batch, max_new_tokens, temperature, top_k, top_p, seed)
+
+    def stream_batch(
+        self,
+        batch: GroupBatch,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """The text that follows a one-row prompt batch (`prompt_batch`, `conversation_batch`), in pieces."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        batch = self.prompt_batch(text, image=image, audio=audio, video=video)
         self.check_fits(batch.seq_len, max_new_tokens, "new tokens")
         sampler = Sampler(temperature, top_k, top_p, self._generator(seed))
+        return self._pieces(batch, max_new_tokens, sampler)
+
+    def _pieces(self, batch: GroupBatch, max_new_tokens: int, sampler: Sampler) -> Iterator[str]:
         eos = self.model.vocab.eos_id
         pieces = self.text_pieces()
         for token, _ in stream_text(self.model, batch.to(self.device), max_new_tokens, sampler, (eos,)):
@@ -209,15 +238,31 @@ class Pipeline:
             ids = [self.model.vocab.bos_id, *self.maker.ids(text)] if text else [self.model.vocab.bos_id]
             return text_prompts(self.model, [ids])
         kind, value = given[0]
-        media = self.read_media(kind, value)
+        return self._media_batch(text, self.read_media(kind, value), f"the {kind} input")
+
+    def conversation_batch(self, turns: list[Turn]) -> GroupBatch:
+        """The one-row prompt batch of a conversation: the chat format when the model has role tokens, else
+        the plain layout (`zoo.datamodules.chat`). `ChatError` (a ValueError) names the turn at fault."""
+        if self.model.vocab.chat:
+            try:
+                return self.builder.collate_prompts([chat_document(self.maker, turns)])
+            except BadSample as error:  # a medium the model has no tokenizer for
+                raise ChatError(str(error)) from None
+        text, media = plain_layout(turns)
+        if media is None:
+            return self.prompt_batch(text)
+        return self._media_batch(text, media, "the conversation's medium")
+
+    def _media_batch(self, text: str | None, media: Media, where: str) -> GroupBatch:
         try:
-            document = self.maker.understanding_prompt(media, text or "", where=f"the {kind} input")
+            document = self.maker.understanding_prompt(media, text or "", where=where)
         except BadSample as error:  # a medium the model has no tokenizer for: the caller's mistake
             raise ValueError(str(error)) from None
         return self.builder.collate_prompts([document])
 
-    def read_media(self, kind: str, value: ImageInput | AudioInput) -> Media:
-        """An input medium as a segment at the model's sizes, through `zoo.media` whatever its form."""
+    def read_media(self, kind: str, value: ImageInput | AudioInput, name: str | None = None) -> Media:
+        """An input medium as a segment at the model's sizes, through `zoo.media` whatever its form; errors
+        call it `name` (default: "the <kind> input")."""
         if kind == "image" and isinstance(value, Image.Image):
             buffer = io.BytesIO()
             value.save(buffer, format="PNG")  # PNG keeps every mode; the loader makes it RGB and upright
@@ -231,7 +276,7 @@ class Pipeline:
             value = buffer.getvalue()
         if not isinstance(value, str | Path | bytes | bytearray | memoryview):
             raise TypeError(f"{kind} must be a path, bytes{self._forms(kind)}; got {type(value).__name__}")
-        return decode_media(kind, value, self.spec, name=f"the {kind} input")
+        return decode_media(kind, value, self.spec, name=name or f"the {kind} input")
 
     @staticmethod
     def _forms(kind: str) -> str:

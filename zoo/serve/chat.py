@@ -1,18 +1,9 @@
-"""A conversation laid out as one prompt: the PROVISIONAL chat rule of `zoo serve`.
-
-The unified vocabulary has no role tokens yet and no model has been trained on conversations (issue 16,
-item 2: roles, a chat template, the SFT format, not done). Until then a conversation becomes what the
-pipeline already understands, by one plain-text rule:
-
-- the text of every turn (system, developer, user and earlier assistant turns alike), in order, joined by
-  a newline: the roles themselves are not written (the model would read them as ordinary words);
-- at most one image or audio part in the whole conversation: it becomes the pipeline's media prompt (the
-  captioning / transcription document training made), the joined text its prompt;
-- the answer continues that text (or follows the medium).
+"""The media parts of a chat request as files: data URLs and base64 audio decoded, checked against the
+server's limits (`MediaLimits`). What a conversation becomes for the model (the chat format, or the plain
+layout of a model without role tokens) is `zoo.datamodules.chat`'s, through `Pipeline.conversation_batch`.
 
 Media parts come as data, never as addresses (the server fetches nothing): an image as a `data:` URL of
-base64 PNG/JPEG/WebP/GIF, audio as base64 WAV/FLAC/MP3 (`input_audio`). When the chat format lands this
-module is the one place to change; the HTTP layer only hands it the messages.
+base64 PNG/JPEG/WebP/GIF, audio as base64 WAV/FLAC/MP3 (`input_audio`).
 """
 
 from __future__ import annotations
@@ -28,18 +19,13 @@ import soundfile as sf
 MediaKind = Literal["image", "audio"]
 
 
-class ChatError(ValueError):
-    """A conversation this rule cannot lay out. param: the request field at fault (OpenAI's `param`);
+class PartError(ValueError):
+    """A media part this server cannot read. param: the request field at fault (OpenAI's `param`);
     status: 400, or 413 for a payload over its size limit."""
 
     def __init__(self, message: str, param: str, status: int = 400) -> None:
         super().__init__(message)
         self.param, self.status = param, status
-
-
-@dataclass(frozen=True)
-class TextPart:
-    text: str
 
 
 @dataclass(frozen=True)
@@ -52,20 +38,6 @@ class MediaPart:
 
 
 @dataclass(frozen=True)
-class Turn:
-    role: str
-    parts: tuple[TextPart | MediaPart, ...]
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """What the pipeline is asked: the text, and the one medium (or none) with where it came from."""
-
-    text: str
-    media: MediaPart | None = None
-
-
-@dataclass(frozen=True)
 class MediaLimits:
     """max_image_bytes, max_audio_bytes: largest decoded file (413 past it); max_audio_seconds: longest
     audio input (400 past it)."""
@@ -75,37 +47,16 @@ class MediaLimits:
     max_audio_seconds: float = 30.0
 
 
-def lay_out(turns: list[Turn]) -> Prompt:
-    """The provisional rule (module docstring): the turns' texts joined by newlines, at most one medium."""
-    if not turns:
-        raise ChatError("messages is empty: expected at least one message", "messages")
-    texts, media = [], []
-    for turn in turns:
-        for part in turn.parts:
-            if isinstance(part, MediaPart):
-                media.append(part)
-            elif part.text:
-                texts.append(part.text)
-    if len(media) > 1:
-        where = ", ".join(m.where for m in media)
-        raise ChatError(
-            f"{len(media)} media parts ({where}): this server reads at most one image or audio part per "
-            "conversation for now",
-            media[1].where,
-        )
-    return Prompt("\n".join(texts), media[0] if media else None)
-
-
 def image_from_data_url(url: str, where: str, limits: MediaLimits) -> MediaPart:
     """An `image_url` part's `data:image/...;base64,...` URL as the image file's bytes."""
     if not url.startswith("data:"):
-        raise ChatError(
+        raise PartError(
             f"{where}: only data URLs (data:image/png;base64,...) are read; this server fetches nothing",
             where,
         )
     header, comma, payload = url.partition(",")
     if not comma or not header.endswith(";base64") or not header[5:].startswith("image/"):
-        raise ChatError(
+        raise PartError(
             f"{where}: expected data:image/<png|jpeg|webp|gif>;base64,<data>; got {header!r}", where
         )
     data = decode_base64(payload, where, limits.max_image_bytes)
@@ -124,9 +75,9 @@ def check_audio_length(raw: bytes, where: str, limits: MediaLimits, audio_format
         info = sf.info(io.BytesIO(raw))
     except (sf.LibsndfileError, RuntimeError, TypeError) as error:
         said = f" (said to be {audio_format})" if audio_format else ""
-        raise ChatError(f"{where}: cannot read the audio{said}: {error}", where) from None
+        raise PartError(f"{where}: cannot read the audio{said}: {error}", where) from None
     if info.duration > limits.max_audio_seconds:
-        raise ChatError(
+        raise PartError(
             f"{where}: the audio lasts {info.duration:.1f} s; this server reads at most "
             f"{limits.max_audio_seconds:g} s",
             where,
@@ -135,7 +86,7 @@ def check_audio_length(raw: bytes, where: str, limits: MediaLimits, audio_format
 
 def decode_base64(payload: str, where: str, max_bytes: int) -> bytes:
     if len(payload) * 3 // 4 > max_bytes + 2:  # checked before decoding: no oversized allocation
-        raise ChatError(
+        raise PartError(
             f"{where}: the payload is about {len(payload) * 3 // 4:,} bytes; this server takes at most "
             f"{max_bytes:,}",
             where,
@@ -144,4 +95,4 @@ def decode_base64(payload: str, where: str, max_bytes: int) -> bytes:
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise ChatError(f"{where}: not valid base64 ({error})", where) from None
+        raise PartError(f"{where}: not valid base64 ({error})", where) from None

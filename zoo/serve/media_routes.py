@@ -15,7 +15,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import PlainTextResponse, Response
 from starlette.requests import Request as StarletteRequest
 
-from zoo.serve.chat import ChatError, MediaPart, check_audio_length
+from zoo.serve.chat import MediaPart, PartError, check_audio_length
 from zoo.serve.protocol import APIError, ImageRequest, Sampling, SpeechRequest
 from zoo.serve.server import Server, collect, unless_disconnected
 
@@ -107,7 +107,7 @@ def add_media_routes(v1: APIRouter, server: Server) -> None:
             )
         try:
             check_audio_length(raw, "file", media)
-        except ChatError as error:
+        except PartError as error:
             raise APIError(error.status, str(error), "file") from None
         batch = await server.prompt(prompt or "", MediaPart("audio", raw, "file"), deadline)
         body = Sampling(model=model, temperature=temperature)

@@ -23,16 +23,14 @@ from starlette.requests import Request as StarletteRequest
 
 from zoo.batch import GroupBatch
 from zoo.datamodules.bad_samples import BadSample
+from zoo.datamodules.chat import Turn
 from zoo.inference import Pipeline
 from zoo.serve.chat import (
-    ChatError,
     MediaLimits,
     MediaPart,
-    TextPart,
-    Turn,
+    PartError,
     audio_from_base64,
     image_from_data_url,
-    lay_out,
 )
 from zoo.serve.engine import Engine, QueueFull
 from zoo.serve.generation import TextParams, TextRun
@@ -141,8 +139,8 @@ class Server:
             future.cancel()
             raise APIError(504, "the request took longer than the server's request timeout", code="timeout",
                            kind="timeout_error") from None  # fmt: skip
-        except USER_ERRORS as error:
-            raise APIError(400, str(error)) from None
+        except USER_ERRORS as error:  # a ChatError names the message at fault
+            raise APIError(400, str(error), getattr(error, "param", None)) from None
 
     def busy(self, error: Exception) -> APIError:
         return APIError(
@@ -154,12 +152,19 @@ class Server:
         return TextRun(self.engine, self.pipe, prompt, params, self.limits.retry_after_s)
 
     async def chat_prompt(self, messages: list[Message], deadline: float) -> GroupBatch:
-        turns = [self.turn(i, m) for i, m in enumerate(messages)]
-        try:
-            prompt = lay_out(turns)
-        except ChatError as error:
-            raise APIError(error.status, str(error), error.param) from None
-        return await self.prompt(prompt.text, prompt.media, deadline)
+        """The conversation's prompt batch (`Pipeline.conversation_batch`: the chat format, or the plain
+        layout for a model without role tokens), its media decoded on the engine thread."""
+        requested = [self.turn(i, m) for i, m in enumerate(messages)]
+
+        def build() -> GroupBatch:
+            turns = [
+                Turn(role, tuple(p if isinstance(p, str) else self.pipe.read_media(p.kind, p.data, p.where)
+                                 for p in parts), where)
+                for role, parts, where in requested
+            ]  # fmt: skip
+            return self.pipe.conversation_batch(turns)
+
+        return await self.job(build, deadline)
 
     async def prompt(self, text: str | None, media: MediaPart | None, deadline: float) -> GroupBatch:
         if media is None:
@@ -179,24 +184,25 @@ class Server:
                 error.message, error.param = error.message + where, media.where
             raise
 
-    def turn(self, index: int, message: Message) -> Turn:
-        content = message.content
+    def turn(self, index: int, message: Message) -> tuple[str, list[str | MediaPart], str]:
+        """A message as (role, its texts and media parts as sent, where it is in the request)."""
+        where, content = f"messages[{index}]", message.content
         if content is None or isinstance(content, str):
-            return Turn(message.role, (TextPart(content or ""),))
-        parts = []
+            return message.role, [content or ""], where
+        parts: list[str | MediaPart] = []
         for j, part in enumerate(content):
-            where = f"messages[{index}].content[{j}]"
+            at = f"{where}.content[{j}]"
             try:
                 if isinstance(part, ImageContent):
-                    parts.append(image_from_data_url(part.image_url.url, where, self.limits.media))
+                    parts.append(image_from_data_url(part.image_url.url, at, self.limits.media))
                 elif isinstance(part, AudioContent):
                     audio = part.input_audio
-                    parts.append(audio_from_base64(audio.data, audio.format, where, self.limits.media))
+                    parts.append(audio_from_base64(audio.data, audio.format, at, self.limits.media))
                 else:
-                    parts.append(TextPart(part.text))
-            except ChatError as error:
+                    parts.append(part.text)
+            except PartError as error:
                 raise APIError(error.status, str(error), error.param) from None
-        return Turn(message.role, tuple(parts))
+        return message.role, parts, where
 
     def models(self) -> dict:
         card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "zoo"}

@@ -28,6 +28,9 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<eoa>",
     "<sep>",
 )
+# The roles of a conversation (`zoo.datamodules.chat`), present when `UnifiedVocab.chat` is set: after the
+# other specials, so a vocabulary without them keeps every id it had.
+CHAT_TOKENS: tuple[str, ...] = ("<|system|>", "<|user|>", "<|assistant|>")
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,15 @@ class UnifiedVocab:
         visual_size: visual codebook size (shared across scales).
         audio_size: codebook size of each audio RVQ level.
         audio_levels: number of RVQ levels; each level gets its own block of `audio_size` ids.
+        chat: add the role tokens of conversations (`CHAT_TOKENS`) to the specials. It moves every text,
+            visual and audio id up by their number: a model is trained with them or without them.
     """
 
     text_size: int = 512
     visual_size: int = 1024
     audio_size: int = 1024
     audio_levels: int = 4
+    chat: bool = False
 
     def __post_init__(self) -> None:
         for name in ("text_size", "visual_size", "audio_size", "audio_levels"):
@@ -52,8 +58,12 @@ class UnifiedVocab:
                 raise ValueError(f"UnifiedVocab.{name} must be >= 1, got {getattr(self, name)}")
 
     @property
+    def specials(self) -> tuple[str, ...]:
+        return SPECIAL_TOKENS + CHAT_TOKENS if self.chat else SPECIAL_TOKENS
+
+    @property
     def num_special(self) -> int:
-        return len(SPECIAL_TOKENS)
+        return len(self.specials)
 
     @property
     def text_offset(self) -> int:
@@ -79,9 +89,14 @@ class UnifiedVocab:
     def special(self, name: str) -> int:
         """Id of a special token by name, e.g. `vocab.special("<eos>")`."""
         try:
-            return SPECIAL_TOKENS.index(name)
+            return self.specials.index(name)
         except ValueError:
-            raise KeyError(f"unknown special token {name!r}; known: {', '.join(SPECIAL_TOKENS)}") from None
+            if name in CHAT_TOKENS:
+                raise KeyError(
+                    f"{name} is a role token: this vocabulary has none (UnifiedVocab.chat is false; a model "
+                    "trained with chat: true has them)"
+                ) from None
+            raise KeyError(f"unknown special token {name!r}; known: {', '.join(self.specials)}") from None
 
     @property
     def pad_id(self) -> int:
