@@ -1,5 +1,5 @@
 """The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull,
-pre-tokenization, serving."""
+pre-tokenization, serving, evaluation."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ EXTRA_COMMANDS = {
     "ablate": "train variants of a config over several seeds and tabulate their validation metrics",
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
     "generate": "one answer of a trained model: text streamed, images and speech written to files",
+    "eval": "lm-evaluation-harness tasks (local YAMLs or lm-eval's) on a checkpoint, export or hub id",
 }
 
 
@@ -154,6 +155,12 @@ def _generate(argv: list[str]) -> None:
     generate_main(argv)
 
 
+def _eval(argv: list[str]) -> None:
+    from zoo.evaluation.command import eval_main
+
+    eval_main(argv, _parser("eval"))
+
+
 def extra_command(name: str) -> Callable[[list[str]], None] | None:
     """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
     return {
@@ -168,4 +175,5 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "ablate": _ablate,
         "tokenize": _tokenize,
         "generate": _generate,
+        "eval": _eval,
     }.get(name)
