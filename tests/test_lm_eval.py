@@ -245,3 +245,27 @@ def test_zoo_eval_without_lm_eval_says_which_extra_to_install(monkeypatch):
     monkeypatch.delitem(sys.modules, "zoo.evaluation.harness")
     with pytest.raises(SystemExit, match=r"pip install -e '\.\[eval\]'"):
         eval_main(["export", "--tasks", "any"], argparse.ArgumentParser())
+
+
+def test_lm_eval_builds_the_registered_zoo_model_from_its_arguments(pipe, tmp_path):
+    from lm_eval.api.registry import get_model
+
+    folder = save_pretrained(pipe.model, tmp_path / "export", pipe.tokenizer)
+    lm = get_model("zoo").create_from_arg_string(f"pretrained={folder},batch_size=2,max_length=16")
+    assert isinstance(lm, ZooLM) and lm.batch_size == 2 and lm.max_length == 16
+    pair = requests("loglikelihood", ("a small", " red circle"))
+    assert lm.loglikelihood(pair)[0][0] == pytest.approx(ZooLM(pipe, max_length=16).loglikelihood(pair)[0][0])
+    with pytest.raises(ValueError, match="'auto' is not supported"):
+        ZooLM(pipe, batch_size="auto")
+    write_tasks(pipe, tmp_path / "tasks")
+    results = simple_evaluate(
+        model="zoo",
+        model_args=f"pretrained={folder}",
+        batch_size=3,
+        tasks=["zoo_choice"],
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+        bootstrap_iters=0,
+        limit=3,
+        log_samples=False,
+    )
+    assert results["results"]["zoo_choice"]["acc,none"] == 1.0

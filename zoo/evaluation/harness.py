@@ -220,7 +220,12 @@ class ZooLM(TemplateLM):
         max_gen_toks = int(kwargs.get("max_gen_toks", self.max_gen_toks))
         if not 0 < max_gen_toks < self.max_length:
             raise ValueError(f"max_gen_toks must lie in 1..{self.max_length - 1}, got {max_gen_toks}")
-        temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample", True) else 0.0
+        # Hugging Face's meaning: `do_sample: true` samples (at temperature 1 unless told), false is greedy;
+        # without `do_sample` a temperature above 0 samples, as lm-eval's HFLM reads it.
+        do_sample = kwargs.get("do_sample")
+        temperature = float(kwargs.get("temperature", 1.0 if do_sample else 0.0))
+        if do_sample is False:
+            temperature = 0.0
         return until, max_gen_toks, temperature, kwargs.get("top_k"), kwargs.get("top_p")
 
     @torch.no_grad()
