@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("parallel", "registry", "hub"),
     ("datamodules",),
-    ("analysis", "pretokenize", "inference"),
+    ("analysis", "pretokenize", "inference", "evaluation"),
     ("tasks",),
     ("rl",),
     ("zoo",),

@@ -1,5 +1,5 @@
 """The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull,
-pre-tokenization, serving."""
+pre-tokenization, serving, evaluation."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ EXTRA_COMMANDS = {
     "tokenize": "pre-tokenize manifests or tar shards into code shards (the frozen tokenizers run once)",
     "generate": "one answer of a trained model: text streamed, images and speech written to files",
     "chat": "a conversation with a trained model in the terminal (text, /image, /audio, /reset)",
+    "eval": "lm-evaluation-harness tasks (local YAMLs or lm-eval's) on a checkpoint, export or hub id",
 }
 
 
@@ -161,6 +162,12 @@ def _generate(argv: list[str]) -> None:
     generate_main(argv)
 
 
+def _eval(argv: list[str]) -> None:
+    from zoo.evaluation.command import eval_main
+
+    eval_main(argv, _parser("eval"))
+
+
 def extra_command(name: str) -> Callable[[list[str]], None] | None:
     """The function behind `zoo NAME ...`, or None when NAME is a Lightning subcommand (fit, predict, ...)."""
     return {
@@ -176,4 +183,5 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "tokenize": _tokenize,
         "generate": _generate,
         "chat": _chat,
+        "eval": _eval,
     }.get(name)
