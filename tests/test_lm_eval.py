@@ -269,3 +269,36 @@ def test_lm_eval_builds_the_registered_zoo_model_from_its_arguments(pipe, tmp_pa
         log_samples=False,
     )
     assert results["results"]["zoo_choice"]["acc,none"] == 1.0
+
+
+def test_lm_evals_completions_client_scores_through_zoo_serve_as_the_adapter_does(pipe, tmp_path):
+    """lm-eval's own `local-completions` model against a real `zoo serve` app: the tokenizer over HTTP
+    (`tokenizer_backend=remote`), token-id prompts, `echo` + `logprobs`: the same answers and the same
+    log-likelihoods as `ZooLM` in this process."""
+    import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
+    from test_serve import Running
+
+    from zoo.serve.app import create_app
+
+    write_tasks(pipe, tmp_path / "tasks")
+    tasks = dict(
+        tasks=["zoo_choice", "zoo_answer"], bootstrap_iters=0, limit=4, log_samples=True,
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+    )  # fmt: skip
+    running = Running(create_app(pipe, "tiny", max_batch=4, max_queue=16))
+    try:
+        args = (
+            f"model=tiny,base_url={running.url}/v1/completions,tokenizer_backend=remote,"
+            f"tokenized_requests=True,max_length={CONTEXT - 1},num_concurrent=1,max_retries=1"
+        )  # max_length leaves the server room for the <bos> it puts first
+        served = simple_evaluate(model="local-completions", model_args=args, **tasks)
+    finally:
+        running.stop()
+    local = simple_evaluate(model=ZooLM(pipe, batch_size=4), **tasks)
+    assert served["results"]["zoo_choice"]["acc,none"] == local["results"]["zoo_choice"]["acc,none"] == 1.0
+    assert served["results"]["zoo_answer"]["exact_match,none"] == 1.0
+
+    def loglikelihoods(results: dict) -> list[float]:
+        return [float(r[0][0]) for s in results["samples"]["zoo_choice"] for r in s["resps"]]
+
+    assert loglikelihoods(served) == pytest.approx(loglikelihoods(local), abs=1e-4)

@@ -23,6 +23,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+import torch
 import uvicorn
 from code_shard_helpers import audio_bytes, image_bytes
 from PIL import Image
@@ -30,6 +31,7 @@ from test_serve_engine import tiny_pipeline
 
 from zoo.hub import save_pretrained
 from zoo.inference import Pipeline
+from zoo.models.decode import text_prompts
 from zoo.serve.app import ServeLimits, create_app
 from zoo.serve.chat import MediaLimits
 from zoo.serve.command import model_name
@@ -155,12 +157,35 @@ def test_a_stop_string_ends_the_answer_before_it(served, pipe):
     assert answer.choices[0].finish_reason == "stop"
 
 
-def test_completions_continue_the_prompt_and_refuse_echo(served, pipe):
+def test_completions_continue_the_prompt_and_echo_scores_it(served, pipe):
     answer = served.client.completions.create(model=MODEL, prompt="a large", max_tokens=8, temperature=0)
     assert answer.choices[0].text == pipe("a large", max_new_tokens=8, temperature=0)
     assert answer.usage.completion_tokens == 8
-    with pytest.raises(openai.BadRequestError, match="echo is not supported yet"):
-        served.client.completions.create(model=MODEL, prompt="a large", max_tokens=1, echo=True)
+    ids = httpx2.post(served.url + "/tokenize", json={"prompt": "a large<eos>", "add_special_tokens": False})
+    tokens = ids.json()["tokens"]
+    vocab = pipe.model.vocab
+    assert tokens[-1] == vocab.eos_id and tokens[:-1] == pipe.maker.ids("a large"), "<eos> is its id"
+    text = httpx2.post(served.url + "/detokenize", json={"tokens": tokens}).json()["prompt"]
+    assert text == "a large"
+    assert httpx2.get(served.url + "/tokenizer_info").json()["eos_token"] == "<eos>"
+
+    scored = served.client.completions.create(
+        model=MODEL, prompt=tokens[:-1], max_tokens=1, temperature=0, echo=True, logprobs=2
+    ).choices[0]
+    # Every sent token is scored after the <bos> the server puts first, then one greedy token.
+    model = pipe.model
+    with torch.no_grad():
+        hidden = model.forward_hidden(text_prompts(model, [[vocab.bos_id, *tokens[:-1]]])).hidden[0]
+        reference = torch.log_softmax(model.sampling_logits(hidden).float(), -1)
+    expected = reference[:-1].gather(-1, torch.tensor(tokens[:-1])[:, None])[:, 0].tolist()
+    assert scored.logprobs.token_logprobs[:-1] == pytest.approx(expected, abs=1e-5)
+    assert scored.logprobs.token_logprobs[-1] == pytest.approx(float(reference[-1].max()), abs=1e-5)
+    assert all(len(top) <= 2 for top in scored.logprobs.top_logprobs)
+    assert scored.text.startswith("a large") and len(scored.logprobs.tokens) == len(tokens)
+    with pytest.raises(openai.BadRequestError, match="logprobs without echo"):
+        served.client.completions.create(model=MODEL, prompt="a large", max_tokens=1, logprobs=1)
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be 1"):
+        served.client.completions.create(model=MODEL, prompt="a", max_tokens=3, echo=True, logprobs=1)
 
 
 def test_image_and_audio_parts_are_read_as_the_pipeline_reads_them(served, pipe):

@@ -34,6 +34,7 @@ except ModuleNotFoundError as error:  # the `eval` extra is optional
 
 from zoo.datamodules.documents import decode_text
 from zoo.inference.pipeline import Pipeline, pipeline
+from zoo.inference.scoring import score_sequences
 from zoo.models.decode import text_prompts
 from zoo.models.generation import stream_text
 from zoo.models.sampling import Sampler
@@ -150,21 +151,16 @@ class ZooLM(TemplateLM):
         inputs = (context + continuation)[-(self.max_length + 1) :][:-1]
         return inputs, continuation
 
-    @torch.no_grad()
     def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """One left-padded forward: every row's continuation is predicted by its last positions."""
-        model = self.pipe.model
-        hidden = model.forward_hidden(text_prompts(model, [inputs for inputs, _ in rows])).hidden
-        picked = torch.cat([hidden[row, -len(targets) :] for row, (_, targets) in enumerate(rows)])
-        logprobs = torch.log_softmax(model.sampling_logits(picked).float(), dim=-1)
-        targets = torch.tensor([t for _, row in rows for t in row], device=logprobs.device)
-        chosen = logprobs.gather(-1, targets[:, None])[:, 0]
-        greedy = logprobs.argmax(-1) == targets
-        answers, start = [], 0
-        for _, row in rows:
-            end = start + len(row)
-            answers.append((float(chosen[start:end].sum()), bool(greedy[start:end].all())))
-            start = end
+        """One left-padded forward (`zoo.inference.scoring.score_sequences`): every row's continuation is
+        predicted by its last positions."""
+        sequences = [[*inputs, targets[-1]] for inputs, targets in rows]
+        scored = score_sequences(self.pipe.model, sequences)
+        answers = []
+        for (_, targets), scores in zip(rows, scored, strict=True):
+            n = len(targets)
+            greedy = [top[0] for top in scores.top_ids[-n:]] == targets
+            answers.append((sum(scores.logprobs[-n:]), greedy))
         return answers
 
     def rolling_windows(self, text: str) -> list[tuple[list[int], list[int]]]:

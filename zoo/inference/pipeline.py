@@ -18,6 +18,7 @@ loaders of the training data, so a PIL image, an array or a file is checked, res
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,29 @@ class Pipeline:
         except BadSample as error:  # a medium the model has no tokenizer for: the caller's mistake
             raise ValueError(str(error)) from None
         return self.builder.collate_prompts([document])
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Unified ids of `text`, the names of special tokens in it (`<eos>`, `<|user|>`) read as their ids;
+        `add_special_tokens` puts `<bos>` first, as every document of the model begins."""
+        vocab = self.model.vocab
+        ids = [vocab.bos_id] if add_special_tokens else []
+        pattern = "(" + "|".join(re.escape(name) for name in vocab.specials) + ")"
+        for i, piece in enumerate(re.split(pattern, text)):
+            if i % 2:
+                ids.append(vocab.special(piece))
+            elif piece:
+                ids += self.maker.ids(piece)
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of unified ids, special tokens dropped."""
+        return decode_text(self.tokenizer, self.model.vocab, ids)
+
+    def ids_batch(self, ids: list[int]) -> GroupBatch:
+        """A prompt of unified text ids (`tokenize`'s) as a one-row batch, `<bos>` put first if missing."""
+        vocab = self.model.vocab
+        vocab.check_ids(torch.tensor(ids, dtype=torch.long), range(0, vocab.text_head_size))
+        return text_prompts(self.model, [ids if ids[:1] == [vocab.bos_id] else [vocab.bos_id, *ids]])
 
     def read_media(self, kind: str, value: ImageInput | AudioInput, name: str | None = None) -> Media:
         """An input medium as a segment at the model's sizes, through `zoo.media` whatever its form; errors

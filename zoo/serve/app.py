@@ -34,6 +34,7 @@ from zoo.serve.engine import Engine
 from zoo.serve.generation import TextRun
 from zoo.serve.media_routes import add_media_routes
 from zoo.serve.protocol import APIError, ChatRequest, CompletionRequest
+from zoo.serve.scoring_routes import add_scoring_routes, score_completions
 from zoo.serve.server import (
     ServeLimits,
     Server,
@@ -125,16 +126,15 @@ def create_app(
     async def completions(body: CompletionRequest, request: StarletteRequest):
         server.check_model(body.model)
         deadline = server.deadline()
-        if body.echo:
-            raise APIError(400, "echo is not supported yet", "echo")
-        if body.logprobs is not None:
-            raise APIError(400, "logprobs is not supported yet", "logprobs")
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if not prompts:
-            raise APIError(400, "prompt is an empty list: give a string or a list of strings", "prompt")
+        prompts = completion_prompts(body.prompt)
+        if body.echo or body.logprobs is not None:
+            return await score_completions(server, body, prompts, model_name)
         if body.stream and len(prompts) > 1:
             raise APIError(400, "streaming takes one prompt; this request gives a list", "prompt")
-        batches = [await server.prompt(text, None, deadline) for text in prompts]
+        batches = [
+            await server.prompt(p, None, deadline) if isinstance(p, str) else server.ids_prompt(p)
+            for p in prompts
+        ]
         params = [server.text_params(body, b.seq_len, body.max_tokens) for b in batches]
         runs: list[TextRun] = []
         try:
@@ -177,4 +177,16 @@ def create_app(
 
     add_media_routes(v1, server)
     app.include_router(v1)
+    add_scoring_routes(app, server)
     return app
+
+
+def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a completions request: texts, or unified token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt is an empty list: give a string, strings or token ids", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]

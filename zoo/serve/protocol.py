@@ -102,10 +102,11 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
+    # A text, texts, unified token ids (`/tokenize`'s), or lists of them (lm-eval's tokenized requests).
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
 
 
 # -- media ------------------------------------------------------------------------------------------------

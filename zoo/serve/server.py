@@ -166,6 +166,16 @@ class Server:
 
         return await self.job(build, deadline)
 
+    def ids_prompt(self, ids: list[int]) -> GroupBatch:
+        """A prompt of unified token ids (lm-eval's tokenized requests), `<bos>` first."""
+        if len(ids) + 1 > self.context:
+            raise APIError(400, f"the prompt takes {len(ids)} tokens; the context is {self.context}",
+                           "prompt", "context_length_exceeded")  # fmt: skip
+        try:
+            return self.pipe.ids_batch(ids)
+        except ValueError as error:
+            raise APIError(400, str(error), "prompt") from None
+
     async def prompt(self, text: str | None, media: MediaPart | None, deadline: float) -> GroupBatch:
         if media is None:
             try:
