@@ -119,3 +119,18 @@ def test_a_model_without_role_tokens_gets_the_plain_layout():
         plain_layout([Turn("user", (image, image), "messages[0]")])
     with pytest.raises(ChatError, match="empty"):
         plain_layout([])
+
+
+def test_a_turn_may_hold_a_pil_image_a_path_or_an_audio_array(chat_model, tokenizer, tmp_path):
+    import numpy as np
+
+    pipe = Pipeline(chat_model, tokenizer)
+    picture = Image.new("RGB", (40, 48), "blue")
+    picture.save(tmp_path / "b.png")
+    tone = (0.3 * np.sin(np.arange(8000) / 5)).astype(np.float32)
+    from_pil = pipe.conversation_batch([Turn("user", ("what is drawn here", picture))])
+    from_path = pipe.conversation_batch([Turn("user", ("what is drawn here", tmp_path / "b.png"))])
+    assert torch.equal(from_pil.visual.image_pixels, from_path.visual.image_pixels)
+    assert pipe.conversation_batch([Turn("user", ((tone, 16000),))]).audio is not None
+    with pytest.raises(TypeError, match="a part is a str"):
+        pipe.conversation_batch([Turn("user", (3,))])  # type: ignore[arg-type]

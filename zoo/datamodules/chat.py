@@ -43,8 +43,9 @@ class ChatError(ValueError):
 
 @dataclass(frozen=True)
 class Turn:
-    """One message: its role and its parts in order (texts, and media decoded by `zoo.media`). `where`:
-    what errors call it (a request field, a file and line)."""
+    """One message: its role and its parts in order (texts, and media decoded by `zoo.media`; the pipeline
+    also reads PIL images, audio arrays and file paths here). `where`: what errors call it (a request field,
+    a file and line)."""
 
     role: Role
     parts: tuple[str | Media, ...]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -35,9 +35,9 @@ from zoo.datamodules.chat import ChatError, Turn, chat_document, plain_layout
 from zoo.datamodules.documents import decode_text
 from zoo.datamodules.media_samples import Media, MediaSpec, decode_media
 from zoo.datamodules.paired_documents import DocumentMaker, MediaSupport
-from zoo.datamodules.sequence import MediaLayout, SequenceBuilder
+from zoo.datamodules.sequence import AudioSegment, MediaLayout, SequenceBuilder, VisualSegment
 from zoo.hub import from_pretrained, load_lightning_checkpoint, load_tokenizer
-from zoo.media import MediaSource
+from zoo.media import MediaSource, kind_of
 from zoo.models.decode import text_prompts
 from zoo.models.generation import stream_text
 from zoo.models.media_generation import generate_audio, generate_visual
@@ -244,6 +244,7 @@ class Pipeline:
     def conversation_batch(self, turns: list[Turn]) -> GroupBatch:
         """The one-row prompt batch of a conversation: the chat format when the model has role tokens, else
         the plain layout (`zoo.datamodules.chat`). `ChatError` (a ValueError) names the turn at fault."""
+        turns = [replace(t, parts=tuple(self._part(p, t.where) for p in t.parts)) for t in turns]
         if self.model.vocab.chat:
             try:
                 return self.builder.collate_prompts([chat_document(self.maker, turns)])
@@ -253,6 +254,22 @@ class Pipeline:
         if media is None:
             return self.prompt_batch(text)
         return self._media_batch(text, media, "the conversation's medium")
+
+    def _part(self, part: object, where: str) -> str | Media:
+        """A turn's part as text or a decoded medium: a str is text; a PIL image, a `Speech`, a (wave, rate)
+        pair or a `Path` (its kind by suffix) is read by `read_media`; segments pass as they are."""
+        if isinstance(part, str | VisualSegment | AudioSegment):
+            return part
+        if isinstance(part, Image.Image):
+            return self.read_media("image", part, where or None)
+        if isinstance(part, Speech | tuple):
+            return self.read_media("audio", part, where or None)
+        if isinstance(part, Path) and (kind := kind_of(part)) is not None:
+            return self.read_media(kind, part, str(part))
+        raise TypeError(
+            f"{where or 'a turn'}: a part is a str (text), a PIL image, a Speech, (wave, sample_rate), a "
+            f"Path of an image, audio or video file, or a decoded segment; got {type(part).__name__}"
+        )
 
     def _media_batch(self, text: str | None, media: Media, where: str) -> GroupBatch:
         try:
