@@ -295,11 +295,16 @@ class Pipeline:
         """The text of unified ids, special tokens dropped."""
         return decode_text(self.tokenizer, self.model.vocab, ids)
 
-    def ids_batch(self, ids: list[int]) -> GroupBatch:
-        """A prompt of unified text ids (`tokenize`'s) as a one-row batch, `<bos>` put first if missing."""
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """Unified text ids (`tokenize`'s) checked, `<bos>` put first if missing (every document of the model
+        begins with it). ValueError naming an id outside the text head's range."""
         vocab = self.model.vocab
         vocab.check_ids(torch.tensor(ids, dtype=torch.long), range(0, vocab.text_head_size))
-        return text_prompts(self.model, [ids if ids[:1] == [vocab.bos_id] else [vocab.bos_id, *ids]])
+        return ids if ids[:1] == [vocab.bos_id] else [vocab.bos_id, *ids]
+
+    def ids_batch(self, ids: list[int]) -> GroupBatch:
+        """A prompt of unified text ids as a one-row batch (`with_bos`)."""
+        return text_prompts(self.model, [self.with_bos(ids)])
 
     def read_media(self, kind: str, value: ImageInput | AudioInput, name: str | None = None) -> Media:
         """An input medium as a segment at the model's sizes, through `zoo.media` whatever its form; errors

@@ -90,16 +90,15 @@ async def score_completions(
         raise APIError(400, "echo scores greedily: temperature must be 0", "temperature")
     vocab, top = server.pipe.model.vocab, max(body.logprobs or 0, 1)
     rows = [scoring_ids(server, p) for p in prompts]
+    sequences = []
     for i, ids in enumerate(rows):
         try:
-            vocab.check_ids(torch.tensor(ids, dtype=torch.long), range(0, vocab.text_head_size))
+            sequences.append(server.pipe.with_bos(ids))
         except ValueError as error:
             raise APIError(400, f"prompt {i}: {error}", "prompt") from None
-        if len(ids) + 2 > server.context:
+        if len(sequences[-1]) + 1 > server.context:  # the sequence and its one greedy token
             raise APIError(400, f"prompt {i} takes {len(ids)} tokens; the context is {server.context}",
                            "prompt", "context_length_exceeded")  # fmt: skip
-    bos = vocab.bos_id
-    sequences = [ids if ids[:1] == [bos] else [bos, *ids] for ids in rows]
     model = server.pipe.model
     scores = await server.job(
         lambda: score_sequences(model, sequences, top, with_next=True), server.deadline()
