@@ -25,11 +25,14 @@ def fit_metrics(trainer: L.Trainer) -> dict[str, float]:
 
 
 def dataset_names(trainer: L.Trainer) -> list[str]:
-    """What the component was trained on: the datamodule's `dataset_name` if it has one, else its class."""
+    """What the component was trained on: the datamodule's `dataset_name` if it has one, else its class;
+    without a datamodule, the class of the training loader's dataset ("unrecorded" when there is none)."""
     datamodule = getattr(trainer, "datamodule", None)
-    if datamodule is None:
-        return []
-    return [str(getattr(datamodule, "dataset_name", None) or type(datamodule).__name__)]
+    if datamodule is not None:
+        return [str(getattr(datamodule, "dataset_name", None) or type(datamodule).__name__)]
+    loader = getattr(trainer, "train_dataloader", None)
+    dataset = getattr(loader, "dataset", None)
+    return [type(dataset).__name__ if dataset is not None else "unrecorded"]
 
 
 def write_component_folder(trainer: L.Trainer, component: PretrainedComponent, weights_file: Path) -> Path:
