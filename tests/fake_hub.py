@@ -21,6 +21,7 @@ class FakeHub(BaseHTTPRequestHandler):
 
     requests: list[tuple[str, dict]] = []
     repos: dict[str, dict[str, bytes]] = {}  # repo id -> file path -> bytes
+    heads: dict[str, str] = {}  # repo id -> its last commit's sha (a new one per commit, as on the Hub)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -44,7 +45,9 @@ class FakeHub(BaseHTTPRequestHandler):
                 item = json.loads(line)
                 if item["key"] == "file":
                     FakeHub.repos[repo][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-            self.reply({"commitUrl": f"{root}/{repo}/commit/{'a' * 40}", "commitOid": "a" * 40})
+            sha = hashlib.sha1(f"{repo}:{len(FakeHub.requests)}".encode()).hexdigest()
+            FakeHub.heads[repo] = sha
+            self.reply({"commitUrl": f"{root}/{repo}/commit/{sha}", "commitOid": sha})
         else:
             self.reply({"error": f"unexpected {self.path}"}, 404)
 
@@ -60,7 +63,7 @@ class FakeHub(BaseHTTPRequestHandler):
             if data is None:  # the Hub's answer for a file that is not in the repo
                 return self.reply({"error": "Entry not found"}, 404, {"X-Error-Code": "EntryNotFound"})
             self.send_response(200)
-            self.send_header("X-Repo-Commit", "a" * 40)
+            self.send_header("X-Repo-Commit", FakeHub.heads.get(repo, "a" * 40))
             self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -79,7 +82,7 @@ class FakeHub(BaseHTTPRequestHandler):
             self.reply(tree)
         elif "/revision/" in path:
             siblings = [{"rfilename": name} for name in files]
-            self.reply({"id": repo, "sha": "a" * 40, "siblings": siblings})
+            self.reply({"id": repo, "sha": FakeHub.heads.get(repo, "a" * 40), "siblings": siblings})
         else:
             self.reply({"error": f"unexpected {self.path}"}, 404)
 
@@ -105,7 +108,9 @@ def fake_hub_fixture(monkeypatch, tmp_path):
     # The stand-in speaks the plain commit API; with xet the upload goes to a CAS server instead.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no saved login leaks in
-    FakeHub.requests, FakeHub.repos = [], {}
+    # Downloads go to this test's own cache (the constant was read when huggingface_hub was imported).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    FakeHub.requests, FakeHub.repos, FakeHub.heads = [], {}, {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -306,7 +306,9 @@ def test_cli_pull_of_a_component_checks_that_it_loads(fake_hub, tmp_path, capsys
 # --- checkpoints of the component tasks ---------------------------------------------------------------
 
 
-def test_a_component_task_writes_its_folder_and_zoo_export_turns_its_checkpoint_into_one(tmp_path, capsys):
+def test_a_component_task_writes_its_folder_and_zoo_export_and_push_publish_its_checkpoint(
+    tmp_path, capsys, fake_hub
+):
     from zoo.datamodules.media_data import ShapesMediaDataModule
     from zoo.tasks.visual_tokenizer import VisualTokenizerTraining
 
@@ -331,6 +333,24 @@ def test_a_component_task_writes_its_folder_and_zoo_export_turns_its_checkpoint_
     assert_same_state(VisualTokenizer.from_pretrained(hook_folder), task.tokenizer)
     results = ModelCard.load(tmp_path / "exported" / "README.md").data.eval_results
     assert [(r.metric_name, r.metric_value) for r in results] == [("val/psnr", 19.5)]
+
+    hub = ["--endpoint", fake_hub, "--token", "hf_test"]
+    cli_main(["push", "--checkpoint", str(checkpoint), "--repo_id", "me/vt", *hub, "--datasets", "shapes"])
+    cli_main(["push", "--folder", str(tmp_path / "exported"), "--repo_id", "me/vt-export", *hub])
+    assert "pushed me/vt-export" in capsys.readouterr().out
+    for repo in ("me/vt", "me/vt-export"):
+        assert set(FakeHub.repos[repo]) == {"config.json", "model.safetensors", "README.md"}
+        cli_main(["pull", "--repo_id", repo, "--out", str(tmp_path / repo), "--endpoint", fake_hub])
+        assert_same_state(VisualTokenizer.from_pretrained(tmp_path / repo), task.tokenizer)
+
+
+def test_zoo_push_of_a_unified_folder_refuses_component_folders_the_hub_cannot_reach(tmp_path, fake_hub):
+    model = unified_with_components()
+    model.nfsp.tokenizer.save_pretrained(tmp_path / "vt")
+    save_pretrained(model, tmp_path / "unified", components={"visual_tokenizer": tmp_path / "vt"})
+    with pytest.raises(SystemExit, match=r"visual_tokenizer.*local folders"):
+        cli_main(["push", "--folder", str(tmp_path / "unified"), "--repo_id", "me/u", "--endpoint", fake_hub])
+    assert "me/u" not in FakeHub.repos
 
 
 def test_zoo_export_of_a_unified_checkpoint_names_the_component_folders_its_weights_came_from(

@@ -19,7 +19,7 @@ from torch import nn
 
 from zoo.config import to_config
 from zoo.publishing.component import PretrainedComponent, load_component
-from zoo.publishing.layout import COMPONENT_FORMAT, CONFIG_NAME
+from zoo.publishing.layout import COMPONENT_FORMAT, CONFIG_NAME, read_config
 from zoo.publishing.transfer import resolve, split_revision
 
 # The unified model's constructor argument -> where the component lives in its module tree.
@@ -46,8 +46,12 @@ def component_prefixes(names: Mapping[str, str] | list[str]) -> tuple[str, ...]:
 
 
 def is_component_folder(path: Path) -> bool:
-    config = path / CONFIG_NAME
-    return path.is_dir() and config.is_file() and f'"{COMPONENT_FORMAT}"' in config.read_text()
+    """Whether `path` is a folder a component's `save_pretrained` wrote (its config says so)."""
+    try:
+        read_config(path, (COMPONENT_FORMAT,))
+    except (FileNotFoundError, ValueError, OSError):
+        return False
+    return True
 
 
 def looks_like_path(ref: str) -> bool:
@@ -79,13 +83,7 @@ def component_folder(
 
 def check_same_component(name: str, module: nn.Module, folder: Path, loaded: PretrainedComponent) -> None:
     """Refuse a folder whose component differs from the model's (its configuration, or any tensor)."""
-    ours, theirs = to_config(module), to_config(loaded)
-    if ours != theirs:
-        key = _first_difference(ours, theirs, "")
-        raise ValueError(
-            f"component {name!r}: {folder} holds another configuration than the model's {name} (first "
-            f"difference at {key or 'the class'}); save the model whole or re-export the component"
-        )
+    check_same_configuration(name, module, folder, loaded)
     state, other = module.state_dict(), loaded.state_dict()  # type: ignore[attr-defined]
     for key, value in state.items():
         if key not in other or other[key].shape != value.shape or not torch.equal(other[key], value.cpu()):
@@ -95,15 +93,21 @@ def check_same_component(name: str, module: nn.Module, folder: Path, loaded: Pre
             )
 
 
-def load_named_component(name: str, module: nn.Module, folder: Path, device: str | torch.device) -> None:
-    """Load the component folder into the model's `module`, after checking that it is the same component."""
-    loaded = load_component(folder, type(module), "cpu")
-    if to_config(module) != to_config(loaded):
-        key = _first_difference(to_config(module), to_config(loaded), "")
+def check_same_configuration(name: str, module: nn.Module, folder: Path, loaded: PretrainedComponent) -> None:
+    ours, theirs = to_config(module), to_config(loaded)
+    if ours != theirs:
+        key = _first_difference(ours, theirs, "")
         raise ValueError(
-            f"component {name!r}: {folder} holds another configuration than the unified model's config "
-            f"names (first difference at {key or 'the class'})"
+            f"component {name!r}: {folder} holds another configuration than the model's {name} (first "
+            f"difference at {key or 'the class'}); save the model whole or re-export the component"
         )
+
+
+def load_named_component(name: str, module: nn.Module, folder: Path, device: str | torch.device) -> None:
+    """Load the component folder into the model's `module`, after checking that it is the same component
+    the unified config describes (its tensors then load strictly)."""
+    loaded = load_component(folder, type(module), "cpu")
+    check_same_configuration(name, module, folder, loaded)
     module.load_state_dict(loaded.state_dict(), strict=True)  # type: ignore[attr-defined]
     module.to(device)
 

@@ -117,8 +117,10 @@ def _checked_references(
     for name, ref in components.items():
         module = component_module(model, name)
         stored, local = stored_reference(ref, directory)
-        folder = Path(ref) if local else component_folder(name, str(ref), directory, token=token,
-                                                          endpoint=endpoint)
+        if local:
+            folder = Path(ref).expanduser()
+        else:
+            folder = component_folder(name, str(ref), directory, token=token, endpoint=endpoint)
         check_same_component(name, module, folder, load_component(folder, type(module)))
         references[name] = stored
     return references
