@@ -385,3 +385,9 @@ def test_zoo_export_of_a_unified_checkpoint_names_the_component_folders_its_weig
     cli_main(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "whole"), "--whole"])
     assert json.loads((tmp_path / "whole" / "config.json").read_text())["components"] == {}
     assert_same_state(from_pretrained(tmp_path / "whole"), model)
+
+
+def test_zoo_push_of_a_folder_refuses_card_flags_it_would_otherwise_ignore(tmp_path):
+    visual_2d().save_pretrained(tmp_path / "vt")
+    with pytest.raises(SystemExit, match=r"--folder uploads the folder as it is; \['--metrics'\]"):
+        cli_main(["push", "--folder", str(tmp_path / "vt"), "--repo_id", "me/vt", "--metrics", "val/psnr=1"])

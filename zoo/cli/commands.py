@@ -159,6 +159,11 @@ def push_main(argv: list[str]) -> None:
     hub = {"token": args.token, "private": args.private, "endpoint": args.endpoint,
            "overwrite_card": args.overwrite_card}
     if args.folder:
+        card_flags = [f"--{k}" for k in ("datasets", "license", "metrics", "eval_dataset", "key", "component")
+                      if getattr(args, k)]
+        if card_flags:  # the folder's card and config were written at export: say so rather than drop them
+            raise SystemExit(f"zoo push --folder uploads the folder as it is; {card_flags} apply to "
+                             "--checkpoint (or re-export the folder with them)")
         url = _push_folder(args.folder, args.repo_id, hub)
     elif holds_unified_model(args.checkpoint):
         model, tokenizer = load_lightning_checkpoint(args.checkpoint)
