@@ -4,16 +4,13 @@ reaches a hub API (a local stand-in on 127.0.0.1, never the network)."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import lightning as L
 import pytest
 import torch
+from fake_hub import FakeHub, fake_hub_fixture  # noqa: F401 (the `fake_hub` fixture)
 
 import zoo
 from zoo.batch import IGNORE_INDEX, GroupBatch, Modality
@@ -186,95 +183,6 @@ def test_unknown_constructor_arguments_are_refused_by_name():
         build_from_config(config)
 
 
-class FakeHub(BaseHTTPRequestHandler):
-    """The endpoints HfApi.create_repo + upload_folder call (xet disabled): create, validate-yaml,
-    preupload (everything uploads inline as "regular") and the NDJSON commit."""
-
-    requests: list[tuple[str, dict]] = []
-    files: dict[str, bytes] = {}
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        root = f"http://127.0.0.1:{self.server.server_address[1]}"
-        FakeHub.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
-        if self.path == "/api/repos/create":
-            spec = json.loads(body)
-            self.reply({"url": f"{root}/{spec['organization']}/{spec['name']}", **spec})
-        elif self.path == "/api/validate-yaml":
-            self.reply({})
-        elif "/preupload/" in self.path:
-            modes = [
-                {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                for f in json.loads(body)["files"]
-            ]
-            self.reply({"files": modes})
-        elif "/commit/" in self.path:
-            for line in body.decode().splitlines():
-                item = json.loads(line)
-                if item["key"] == "file":
-                    FakeHub.files[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-            repo = self.path.split("/api/models/")[1].split("/commit/")[0]
-            self.reply({"commitUrl": f"{root}/{repo}/commit/{'a' * 40}", "commitOid": "a" * 40})
-        else:
-            self.reply({"error": f"unexpected {self.path}"}, 404)
-
-    def do_HEAD(self) -> None:
-        self.do_GET(head=True)
-
-    def do_GET(self, head: bool = False) -> None:
-        # Downloads (snapshot_download): revision info, the file tree, then HEAD + GET per file.
-        if "/resolve/" in self.path:
-            data = FakeHub.files.get(self.path.split("/resolve/")[1].split("/", 1)[1])
-            if data is None:
-                return self.reply({"error": "no such file"}, 404)
-            self.send_response(200)
-            self.send_header("X-Repo-Commit", "a" * 40)
-            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if not head:
-                self.wfile.write(data)
-        elif "/tree/" in self.path:
-            tree = [
-                {"type": "file", "path": n, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                for n, b in FakeHub.files.items()
-            ]
-            self.reply(tree)
-        elif "/revision/" in self.path:
-            siblings = [{"rfilename": name} for name in FakeHub.files]
-            self.reply({"id": self.path.split("/api/models/")[1].split("/revision/")[0], "sha": "a" * 40,
-                        "siblings": siblings})
-        else:
-            self.reply({"error": f"unexpected {self.path}"}, 404)
-
-    def reply(self, payload: dict | list, status: int = 200) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def fake_hub(monkeypatch, tmp_path):
-    import huggingface_hub.constants
-
-    # The stand-in speaks the plain commit API; with xet the upload goes to a CAS server instead.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no saved login leaks in
-    FakeHub.requests, FakeHub.files = [], {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 def test_push_creates_the_repo_and_uploads_config_weights_card_and_tokenizer(fake_hub, tmp_path):
     model = tiny_model()
     url = push_to_hub(
@@ -284,13 +192,14 @@ def test_push_creates_the_repo_and_uploads_config_weights_card_and_tokenizer(fak
     paths = [path for path, _ in FakeHub.requests]
     assert paths[0] == "/api/repos/create" and paths[-1] == "/api/models/me/zoo-tiny/commit/main"
     assert FakeHub.requests[0][1]["authorization"] == "Bearer hf_test"
-    assert set(FakeHub.files) == {"config.json", "model.safetensors", "README.md", "tokenizer.json"}
+    files = FakeHub.repos["me/zoo-tiny"]
+    assert set(files) == {"config.json", "model.safetensors", "README.md", "tokenizer.json"}
     # What arrived is a loadable model: write it out and load it back.
-    for name, data in FakeHub.files.items():
+    for name, data in FakeHub.repos["me/zoo-tiny"].items():
         (tmp_path / name).write_bytes(data)
     batch = text_batch(model)
     assert torch.equal(outputs(from_pretrained(tmp_path), batch)[0], outputs(model, batch)[0])
-    assert "library_name: zoo" in FakeHub.files["README.md"].decode()
+    assert "library_name: zoo" in FakeHub.repos["me/zoo-tiny"]["README.md"].decode()
 
 
 def test_cli_pull_downloads_a_pushed_model_that_loads(fake_hub, tmp_path, capsys):
@@ -306,10 +215,10 @@ def test_push_asks_for_a_private_repo_when_told(fake_hub):
     seen = {}
     original = FakeHub.reply
 
-    def spy(self, payload, status=200):
+    def spy(self, payload, status=200, headers=None):
         if self.path == "/api/repos/create":
             seen.update(payload)
-        original(self, payload, status)
+        original(self, payload, status, headers)
 
     FakeHub.reply = spy
     try:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, UNet2DModel
 from torch import Tensor, nn
 
-from zoo.config import Configurable
+from zoo.publishing.component import PretrainedComponent
 from zoo.weights import load_weights_file
 
 SchedulerName = Literal["ddpm", "ddim", "dpm"]
@@ -29,7 +29,7 @@ Prediction = Literal["epsilon", "sample", "v_prediction"]
 _SAMPLERS = {"ddpm": DDPMScheduler, "ddim": DDIMScheduler, "dpm": DPMSolverMultistepScheduler}
 
 
-class DiffusionRefiner(Configurable, nn.Module):
+class DiffusionRefiner(PretrainedComponent, nn.Module):
     """A conditional pixel-space diffusion model: low-resolution decode in, full-resolution image out.
 
     Args:
@@ -54,6 +54,17 @@ class DiffusionRefiner(Configurable, nn.Module):
         weights: a `.safetensors` file (or a folder with `model.safetensors`) to load after building;
             construction-only (saved configs record None).
     """
+
+    hub_title = "Diffusion refiner"
+    hub_tags = ("diffusion", "super-resolution", "refiner")
+    hub_usage = "image = model.refine(decoded)  # a tokenizer's decode [B, 3, h, w] in [-1, 1] -> full size"
+    hub_pipeline_tag = "image-to-image"
+
+    def card_facts(self) -> list[str]:
+        return [
+            f"- output {self.image_size} x {self.image_size}; sampler {self.scheduler}, "
+            f"{self.init_args['num_inference_steps']} steps; residual {self.residual}",
+        ]
 
     construction_only = ("weights",)
 

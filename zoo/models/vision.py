@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.config import Configurable
+from zoo.publishing.component import PretrainedComponent
 from zoo.weights import load_weights_file
 
 
@@ -118,7 +118,7 @@ class MlpMerger(nn.Module):
         return self.mlp(x.flatten(2))
 
 
-class DualPathEncoder(Configurable, nn.Module):
+class DualPathEncoder(PretrainedComponent, nn.Module):
     """CNN + ViT image encoder whose output is `grid` context tokens of width `out_dim` per image.
 
     Args:
@@ -145,6 +145,19 @@ class DualPathEncoder(Configurable, nn.Module):
         weights: a safetensors file (or folder with model.safetensors) of this whole encoder, e.g. the
             one `zoo.tasks.vision_encoder` writes; loaded at the end of construction.
     """
+
+    hub_title = "Vision encoder"
+    hub_tags = ("vision-encoder", "dual-path")
+    hub_usage = "tokens = model(pixels)  # [B, 3, S, S] in [-1, 1] -> [B, model.num_tokens, model.out_dim]"
+    hub_pipeline_tag = "image-feature-extraction"
+
+    def card_facts(self) -> list[str]:
+        args = self.init_args
+        return [
+            f"- paths: CNN {args['cnn']}, ViT {args['vit']}; {args['merger']} merger",
+            f"- input {self.image_size} x {self.image_size}; "
+            f"{self.num_tokens} tokens of width {self.out_dim}",
+        ]
 
     construction_only = ("weights", "pretrained_cnn", "pretrained_vit")
 

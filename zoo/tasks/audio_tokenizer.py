@@ -29,6 +29,7 @@ import torchaudio
 from torch import Tensor, nn
 
 from zoo.config import save_config_hyperparameters
+from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import AudioTeacher
@@ -419,7 +420,8 @@ class AudioTokenizerTask(L.LightningModule):
 
     def on_fit_end(self) -> None:
         if self.trainer.is_global_zero:
-            save_weights_file(self.codec, Path(self.trainer.default_root_dir) / CODEC_FILE)
+            weights = save_weights_file(self.codec, Path(self.trainer.default_root_dir) / CODEC_FILE)
+            write_component_folder(self.trainer, self.codec, weights)
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
         params = [p for p in self.codec.parameters() if p.requires_grad]

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from zoo.config import Configurable, save_config_hyperparameters
 from zoo.models.refiner import DiffusionRefiner
+from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.weights import save_weights_file
@@ -269,7 +270,8 @@ class RefinerTraining(L.LightningModule):
     def on_fit_end(self) -> None:
         """Write the refiner alone as `<default_root_dir>/diffusion_refiner.safetensors` (its `weights`)."""
         if self.trainer.is_global_zero:
-            save_weights_file(self.refiner, Path(self.trainer.default_root_dir) / REFINER_FILE)
+            weights = save_weights_file(self.refiner, Path(self.trainer.default_root_dir) / REFINER_FILE)
+            write_component_folder(self.trainer, self.refiner, weights)
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
         optimizer = torch.optim.AdamW(self.refiner.parameters(), lr=self.lr, weight_decay=self.weight_decay)

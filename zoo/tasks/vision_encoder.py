@@ -27,6 +27,7 @@ from torchmetrics import MeanMetric
 
 from zoo.config import save_config_hyperparameters
 from zoo.models.vision import DualPathEncoder
+from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.schedules import warmup_cosine
 from zoo.weights import save_weights_file
 from zoo.world.scenes import (
@@ -307,6 +308,7 @@ class VisionEncoderPretraining(L.LightningModule):
         if self.trainer.is_global_zero:
             path = Path(self.trainer.default_root_dir) / "vision_encoder.safetensors"
             save_weights_file(self.encoder, path)
+            write_component_folder(self.trainer, self.encoder, path)
             print(f"vision encoder weights written to {path}")
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)

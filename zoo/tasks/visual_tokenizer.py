@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from zoo.config import Configurable, save_config_hyperparameters
+from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.schedules import warmup_cosine
 from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
@@ -333,4 +334,5 @@ class VisualTokenizerTraining(L.LightningModule):
 
     def on_fit_end(self) -> None:
         if self.trainer.is_global_zero:
-            save_weights_file(self.tokenizer, Path(self.trainer.default_root_dir) / WEIGHTS_NAME)
+            weights = save_weights_file(self.tokenizer, Path(self.trainer.default_root_dir) / WEIGHTS_NAME)
+            write_component_folder(self.trainer, self.tokenizer, weights)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from vector_quantize_pytorch import ResidualVQ
 
-from zoo.config import Configurable
+from zoo.publishing.component import PretrainedComponent
 from zoo.weights import load_weights_file
 
 
@@ -222,7 +222,7 @@ class ISTFTDecoder(nn.Module):
         return wave.to(z.dtype).unsqueeze(1)
 
 
-class AudioCodec(Configurable, nn.Module):
+class AudioCodec(PretrainedComponent, nn.Module):
     """RVQ audio codec with a semantic first level: `encode` waveforms to codes, `decode` any level prefix.
 
     Args:
@@ -257,6 +257,18 @@ class AudioCodec(Configurable, nn.Module):
             magnitude STFT with hop `istft_hop`; `STFTEncoder`).
         weights: optional safetensors file (or folder with model.safetensors) loaded after construction.
     """
+
+    hub_title = "Audio codec"
+    hub_tags = ("audio-codec", "rvq", "speech")
+    hub_usage = "codes = model.encode(wave)  # [B, N] at model.sample_rate -> [B, F, Q]; model.decode(codes)"
+    hub_pipeline_tag = "audio-to-audio"
+
+    def card_facts(self) -> list[str]:
+        return [
+            f"- {self.sample_rate} Hz, hop {self.hop} samples ({self.frame_rate:g} frames/s)",
+            f"- RVQ codebooks {list(self.codebook_sizes)} (level 1 semantic), "
+            f"{self.bits_per_second():.0f} bit/s",
+        ]
 
     construction_only = ("weights",)
 

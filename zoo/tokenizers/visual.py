@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.config import Configurable
+from zoo.publishing.component import PretrainedComponent
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, QuantizerOutput
 from zoo.weights import load_weights_file
 
@@ -131,7 +131,7 @@ class TemporalUpsample(nn.Module):
         return y.reshape(b, c, t * self.stride, h, w)[:, :, self.stride - 1 :]
 
 
-class VisualTokenizer(Configurable, nn.Module):
+class VisualTokenizer(PretrainedComponent, nn.Module):
     """Images (2D) or videos (causal 3D) to multi-scale codes of one shared codebook, and back.
 
     Args:
@@ -146,6 +146,21 @@ class VisualTokenizer(Configurable, nn.Module):
         weights: a .safetensors file (or folder with model.safetensors) of a trained tokenizer of this
             configuration, loaded at construction.
     """
+
+    hub_title = "Visual tokenizer"
+    hub_tags = ("visual-tokenizer", "multi-scale-vq", "var")
+    hub_usage = "codes = model.encode(pixels)  # [B, 3, H, W] or [B, 3, T, H, W] in [-1, 1]; decode(codes)"
+
+    def pipeline_tag(self) -> str:
+        return "video-to-video" if self.temporal else "image-to-image"
+
+    def card_facts(self) -> list[str]:
+        kind = f"causal 3D (temporal stride {self.temporal_stride})" if self.temporal else "2D"
+        return [
+            f"- kind: {kind}, input {self.image_size} x {self.image_size}, channels {list(self.channels)}",
+            f"- codebook: {self.codebook_size} codes of dimension {self.latent_dim}, "
+            f"scales {list(self.scales)}",
+        ]
 
     construction_only = ("weights",)
 
