@@ -135,6 +135,17 @@ def test_a_meta_parameter_built_outside_deferred_init_is_named():
         deferred_plan(model)
 
 
+def test_zoo_fit_builds_the_model_on_meta_when_the_config_shards_it(tmp_path, monkeypatch):
+    from zoo.cli.lightning_cli import ZooCLI
+
+    monkeypatch.chdir(tmp_path)
+    quickstart = ["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"]
+    sharded = ZooCLI(args=[*quickstart, "--config", str(REPO / "configs/strategy/fsdp.yaml")], run=False)
+    assert is_deferred(sharded.model.model) and all(p.is_meta for p in sharded.model.model.parameters())
+    single = ZooCLI(args=quickstart, run=False)
+    assert not any(p.is_meta for p in single.model.model.parameters())
+
+
 # --- two processes: FSDP2 shards a deferred model, each rank materialises its shards ----------------------
 
 
