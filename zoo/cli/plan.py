@@ -58,7 +58,7 @@ def plan_model(model: UnifiedModel, parallel: Parallelism, world_size: int) -> R
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if any(not p.is_meta for p in model.parameters()):
-        raise ValueError("zoo plan measures a model built on the meta device (create_model(..., device='meta'))")
+        raise ValueError("zoo plan measures a model built on the meta device (device='meta')")
     if dist.is_initialized():
         raise RuntimeError("zoo plan sets up its own fake process group: call it outside a distributed run")
     units = {name: [p for p in block.parameters()] for name, block in _unit_names(model)}
@@ -122,8 +122,8 @@ def format_plan(plan: RankPlan) -> str:
         f"mesh {plan.mesh} ({plan.world_size} ranks); parameters {plan.params_total:,} in all, "
         f"{plan.params_per_rank:,} per rank",
         f"per rank: parameters {plan.param_bytes_per_rank / gib:.3f} GiB, gradients "
-        f"{plan.grad_bytes_per_rank / gib:.3f} GiB, AdamW states {plan.optimizer_bytes_per_rank / gib:.3f} GiB"
-        f" = {plan.state_bytes_per_rank / gib:.3f} GiB",
+        f"{plan.grad_bytes_per_rank / gib:.3f} GiB, AdamW states "
+        f"{plan.optimizer_bytes_per_rank / gib:.3f} GiB = {plan.state_bytes_per_rank / gib:.3f} GiB",
         f"largest unit gathered whole while it runs: {plan.largest_gathered_unit} "
         f"({plan.largest_gathered_unit_bytes / gib:.3f} GiB); activations come on top",
     ]
