@@ -231,6 +231,9 @@ def materialize(
                 param.to_local().copy_(shard.to_local())
             else:
                 param.copy_(full)
+            if not record.copied:  # the full value is not needed again: one full parameter at a time
+                record.created, record.writes = full.new_empty(0), []
+            del full
     _prune_records()  # the meta storages are gone: so are their records and the tensors they kept
 
 

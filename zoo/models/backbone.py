@@ -175,7 +175,7 @@ class TransformerBlock(nn.Module):
         moe = run(tokens, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
         if valid is None:
             return x + moe.out.view_as(x), moe.router
-        out = torch.zeros_like(h)
+        out = torch.zeros_like(h, dtype=moe.out.dtype)  # under autocast the experts' output may be bf16
         out[valid] = moe.out
         return x + out, moe.router
 
