@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("media", "world"),
     ("tokenizers",),
     ("models",),
-    ("parallel", "registry", "hub"),
+    ("parallel", "meta_init", "registry", "hub"),
     ("datamodules",),
     ("analysis", "pretokenize", "inference", "evaluation"),
     ("tasks",),

@@ -232,6 +232,19 @@ def group_attention_mask(
     return ((same_doc & earlier_group & real) | itself)[:, None]
 
 
+def group_mask_mod(doc_id: Tensor, group_id: Tensor):  # noqa: ANN201 (FlexAttention's mask_mod callable)
+    """The group rule of `group_attention_mask` (self-attention, no cache) as a FlexAttention `mask_mod`:
+    `(b, h, q, k) -> bool` over `[B, L]` ids, for `create_block_mask`. The same rule, evaluated per block
+    instead of materialised as `[B, 1, L, L]`."""
+
+    def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        same_doc = doc_id[b, q] == doc_id[b, k]
+        earlier_group = group_id[b, k] <= group_id[b, q]
+        return (same_doc & earlier_group & (doc_id[b, q] != PAD_DOC)) | (q == k)
+
+    return mask_mod
+
+
 def scale_coordinates(side: int, finest: int) -> list[int]:
     """Uni-RoPE h (or w) offsets of the cells of a `side x side` scale on the `finest x finest` grid: cell i
     sits at the centre of the cells it covers there (Infinity's layout, so every scale shares one grid)."""

@@ -1,11 +1,15 @@
-"""Scaling one model over many processes (DESIGN.md, "Scale"): FP8 training, activation checkpointing
-and FSDP2, applied in torchtitan's fixed order by `parallelize`, from a task's `configure_model`.
+"""Scaling one model over many processes (DESIGN.md, "Scale"): FP8 training, activation checkpointing,
+regional compilation, FlexAttention and FSDP2, applied in torchtitan's fixed order by `parallelize`, from a
+task's `configure_model`.
 
 The models in `zoo.models` know nothing of sharding; everything distributed happens here. The order
 matters: FP8 conversion swaps `nn.Linear` for `Float8Linear` before anything wraps the blocks,
-checkpointing wraps whole blocks, and `fully_shard` comes last, per block then at the root, so each
-block's parameters are gathered just before it runs and freed after. Tensor parallelism is not done
-(the strategy below keeps the tensor-parallel dimension at 1).
+checkpointing wraps whole blocks, each (wrapped) block is then compiled on its own (torchtitan's regional
+compilation: one small graph reused by every layer, instead of one graph of the whole model), and
+`fully_shard` comes last, per block then at the root, so each block's parameters are gathered just before it
+runs and freed after. A model built under `zoo.meta_init.deferred_init` (parameters on `meta`) is
+materialised after sharding, each rank writing only its shards, with the weights a single process builds.
+Tensor parallelism is not done (the strategy below keeps the tensor-parallel dimension at 1).
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from zoo.meta_init import deferred_plan, is_deferred, materialize
 from zoo.models.moe import Router
 from zoo.models.unified import UnifiedModel
 
@@ -38,16 +44,27 @@ class Parallelism:
         fp8: torchao float8 training of the linear layers the filter admits (`fp8_module_filter`).
         activation_checkpointing: recompute each transformer block in the backward pass.
         fp8_all_gather: with fsdp and fp8, all-gather float8 weights (half the bytes of bf16).
+        compile: `torch.compile` each transformer block on its own (regional compilation).
+        compile_backend: the `torch.compile` backend ("inductor": generated kernels; "aot_eager": the same
+            graphs run by eager kernels, which checks tracing without a compiler toolchain's minutes).
+        attention: "sdpa" (`scaled_dot_product_attention` with the dense group mask; the default, and the
+            one for KV-cache decoding) or "flex" (FlexAttention with a `BlockMask` of the group rule: no
+            `[L, L]` mask, and blocks no position may see are skipped; compiled kernels on GPU).
     """
 
     fsdp: bool = False
     fp8: bool = False
     activation_checkpointing: bool = False
     fp8_all_gather: bool = False
+    compile: bool = False
+    compile_backend: str = "inductor"
+    attention: Literal["sdpa", "flex"] = "sdpa"
 
     def __post_init__(self) -> None:
         if self.fp8_all_gather and not (self.fsdp and self.fp8):
             raise ValueError("fp8_all_gather=True needs fsdp=True and fp8=True: it is FSDP2's float8 gather")
+        if self.attention not in ("sdpa", "flex"):
+            raise ValueError(f"attention must be 'sdpa' or 'flex', got {self.attention!r}")
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -120,13 +137,33 @@ def transformer_blocks(model: UnifiedModel) -> list[tuple[nn.Module, str, nn.Mod
     return blocks
 
 
+def materialization_device(mesh: DeviceMesh | None) -> torch.device:
+    """Where a deferred model's parameters go: this rank's accelerator under a CUDA mesh, else the CPU."""
+    if mesh is not None and mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def compile_blocks(model: UnifiedModel, backend: str = "inductor") -> None:
+    """Regional compilation: each transformer block compiled in place (`nn.Module.compile`, so parameter
+    names and state-dict keys stay as they are). The MoE's data-dependent dispatch breaks the graph where
+    it must (fullgraph off); every block has the same code, so the layers share compiled graphs."""
+    for _, _, block in transformer_blocks(model):
+        if block._compiled_call_impl is None:  # not compiled yet
+            block.compile(backend=backend)
+
+
 def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | None = None) -> UnifiedModel:
-    """Apply `config` to `model` in place, in order: FP8, activation checkpointing, FSDP2. Idempotent:
-    a step already applied (Lightning may call `configure_model` twice) is skipped.
+    """Apply `config` to `model` in place, in order: FP8, activation checkpointing, compile, FSDP2, then
+    materialise a model built under `zoo.meta_init.deferred_init`. The attention backend is set on the
+    backbone. Idempotent: a step already applied (Lightning may call `configure_model` twice) is skipped.
 
     mesh: the device mesh of `ModelParallelStrategy` (`LightningModule.device_mesh`); FSDP shards over
     its "data_parallel" dimension.
     """
+    # Read first: FP8, checkpointing and FSDP2 replace the Parameter objects (the names stay).
+    plan = deferred_plan(model) if is_deferred(model) else None
+    model.backbone.attention_backend = config.attention
     if config.fp8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear
@@ -142,6 +179,9 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
                 # The recomputed router adds its load a second time, to calls_available as well, so the
                 # per-call load rates that steer the aux-free bias are unchanged.
                 setattr(parent, name, checkpoint_wrapper(block))
+
+    if config.compile:
+        compile_blocks(model, config.compile_backend)
 
     if mesh is not None and mesh.size() > 1 and not config.fsdp:
         # ModelParallelStrategy does not wrap the model in DDP: without FSDP no gradient would be reduced.
@@ -166,6 +206,8 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
             for _, _, block in transformer_blocks(model):
                 fully_shard(block, mesh=dp_mesh)
             fully_shard(model, mesh=dp_mesh)
+    if plan is not None:
+        materialize(model, plan, materialization_device(mesh))
     return model
 
 
@@ -191,6 +233,8 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
 
 __all__ = [
     "FSDP2Strategy",
+    "compile_blocks",
+    "materialization_device",
     "Parallelism",
     "fp8_module_filter",
     "gathered",

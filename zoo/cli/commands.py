@@ -20,6 +20,7 @@ EXTRA_COMMANDS = {
     "generate": "one answer of a trained model: text streamed, images and speech written to files",
     "chat": "a conversation with a trained model in the terminal (text, /image, /audio, /reset)",
     "eval": "lm-evaluation-harness tasks (local YAMLs or lm-eval's) on a checkpoint, export or hub id",
+    "plan": "per-rank parameter, gradient and optimizer bytes and the mesh of a sharded config, without GPUs",
 }
 
 
@@ -299,4 +300,11 @@ def extra_command(name: str) -> Callable[[list[str]], None] | None:
         "generate": _generate,
         "chat": _chat,
         "eval": _eval,
+        "plan": _plan,
     }.get(name)
+
+
+def _plan(argv: list[str]) -> None:
+    from zoo.cli.plan import plan_main
+
+    plan_main(argv)

@@ -13,6 +13,7 @@ On top of Lightning's CLI (subclass mode: the task and the datamodule are chosen
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -179,6 +180,29 @@ class ZooCLI(LightningCLI):
             )
         log.warning("%s: continuing the run %s as a new run under %s", where, recorded, root)
         return None
+
+    def instantiate_classes(self) -> None:
+        """Under `parallel.fsdp`, a task that materialises deferred models (`meta_init_with_fsdp`) gets its
+        model built with parameters on `meta` (`zoo.meta_init`): no rank ever holds the whole model, and
+        `parallelize` gives each its shards of the single-process weights. Everything instantiated here is
+        deferred alike, so nothing else of the config may own parameters (no datamodule or callback does)."""
+        if not self._defers_model_init():
+            super().instantiate_classes()
+            return
+        from zoo.meta_init import deferred_init
+
+        with deferred_init():
+            super().instantiate_classes()
+
+    def _defers_model_init(self) -> bool:
+        config = self._section()
+        class_path = config.get("model.class_path")
+        fsdp = config.get("model.init_args.parallel.fsdp")
+        if not class_path or not fsdp:
+            return False
+        module, _, name = class_path.rpartition(".")
+        task = getattr(importlib.import_module(module), name, None)  # allow-listed when parsed
+        return bool(getattr(task, "meta_init_with_fsdp", False))
 
     def after_instantiate_classes(self) -> None:
         if self.checkpoint is None:

@@ -1,8 +1,9 @@
 """The unified backbone (ERNIE 5.0 section 2): one decoder for every modality, read top to bottom.
 
-Pre-norm blocks with RMSNorm, grouped-query attention through `scaled_dot_product_attention` with
-QK-norm, Uni-RoPE over (t, h, w) positions, and a feed-forward that is a dense SwiGLU in the first
-`n_dense_layers` blocks and an ultra-sparse, modality-agnostic mixture of experts after that.
+Pre-norm blocks with RMSNorm, grouped-query attention through `scaled_dot_product_attention` (or
+FlexAttention, `attention_backend = "flex"`, set by `zoo.parallel`) with QK-norm, Uni-RoPE over (t, h, w)
+positions, and a feed-forward that is a dense SwiGLU in the first `n_dense_layers` blocks and an
+ultra-sparse, modality-agnostic mixture of experts after that.
 
 The attention mask is the group rule of `zoo.batch`: a position sees its own group and all earlier
 groups of its document. Nothing here knows which modality a position holds: embedders put vectors
@@ -13,6 +14,7 @@ in, heads read vectors out. The one exception is an explicit ablation, off by de
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -20,8 +22,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from zoo.batch import GroupBatch, Modality, group_attention_mask
+from zoo.batch import GroupBatch, Modality, group_attention_mask, group_mask_mod
 from zoo.config import Configurable
 from zoo.models.elastic import ElasticConfig
 from zoo.models.kv_cache import KVCache
@@ -75,11 +78,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass
 class AttentionContext:
-    """What every block of one forward pass shares: rotary tables, the mask, the cache window."""
+    """What every block of one forward pass shares: rotary tables, the mask (a dense `[B, 1, Lq, Lk]` bool
+    for SDPA, or FlexAttention's `BlockMask` of the same rule), the cache window."""
 
     cos: Tensor
     sin: Tensor
-    mask: Tensor
+    mask: Tensor | BlockMask
     cache: KVCache | None = None
     start: int | Tensor = 0  # where this pass's positions go in the cache (a tensor: a static step)
 
@@ -115,10 +119,25 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
         if ctx.cache is not None:
             k, v = ctx.cache.store(layer, ctx.start, k, v)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=ctx.mask, enable_gqa=self.n_kv_heads != self.n_heads
-        )
+        gqa = self.n_kv_heads != self.n_heads
+        if isinstance(ctx.mask, BlockMask):
+            out = _flex_attention(q, k, v, block_mask=ctx.mask, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(b, length, -1))
+
+
+def _flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, enable_gqa: bool) -> Tensor:
+    """FlexAttention, compiled where the fused kernel exists (CUDA: the eager call materialises every score
+    and is only a reference); on the CPU the eager reference runs (no C++ toolchain needed, same values)."""
+    if q.is_cuda:
+        return _compiled_flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+@functools.cache
+def _compiled_flex_attention():  # noqa: ANN202 (a compiled callable)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class TransformerBlock(nn.Module):
@@ -156,7 +175,7 @@ class TransformerBlock(nn.Module):
         moe = run(tokens, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
         if valid is None:
             return x + moe.out.view_as(x), moe.router
-        out = torch.zeros_like(h)
+        out = torch.zeros_like(h, dtype=moe.out.dtype)  # under autocast the experts' output may be bf16
         out[valid] = moe.out
         return x + out, moe.router
 
@@ -256,6 +275,9 @@ class UnifiedTransformer(Configurable, nn.Module):
         self.n_dense_layers, self.n_experts, self.top_k = n_dense_layers, n_experts, top_k
         self.max_seq_len, self.norm_eps, self.qk_norm = max_seq_len, norm_eps, qk_norm
         self.dense_hidden = dense_hidden
+        # How passes without a KV cache attend (a run-time choice, not a model property: `zoo.parallel` sets
+        # it from `Parallelism.attention`); cached and static decoding steps always use SDPA.
+        self.attention_backend: Literal["sdpa", "flex"] = "sdpa"
         self.rope = UniRoPE(head_dim, rope_theta, rope_sections)
         self.layers = nn.ModuleList()
         for i in range(n_layers):
@@ -344,12 +366,28 @@ class UnifiedTransformer(Configurable, nn.Module):
         if cache is None:
             if batch.seq_len > self.max_seq_len:
                 raise ValueError(f"sequence of length {batch.seq_len} exceeds max_seq_len={self.max_seq_len}")
+            if self.attention_backend == "flex":
+                if torch.is_grad_enabled() and batch.doc_id.device.type == "cpu":
+                    raise ValueError(
+                        "attention_backend='flex' (Parallelism(attention='flex')) cannot train on the CPU: "
+                        "FlexAttention has no CPU backward in this torch; use attention='sdpa' on the CPU"
+                    )
+                return AttentionContext(cos, sin, self.block_mask(batch))
             return AttentionContext(cos, sin, batch.attention_mask())
         start = cache.extend(batch.doc_id, batch.group_id)
         mask = group_attention_mask(
             batch.doc_id, batch.group_id, cache.doc_id, cache.group_id, query_offset=start
         )
         return AttentionContext(cos, sin, mask, cache, start)
+
+    @staticmethod
+    def block_mask(batch: GroupBatch) -> BlockMask:
+        """The group rule of `batch` as FlexAttention's `BlockMask`: built once per pass from doc and group
+        ids (`zoo.batch.group_mask_mod`), shared by every layer; blocks of 128 x 128 positions no query sees
+        (other documents, later groups) are skipped, and no `[L, L]` tensor exists."""
+        b, length = batch.doc_id.shape
+        mask_mod = group_mask_mod(batch.doc_id, batch.group_id)
+        return create_block_mask(mask_mod, b, None, length, length, device=batch.doc_id.device)
 
     def static_context(self, batch: GroupBatch, cache: KVCache, at: Tensor) -> AttentionContext:
         """A static step's context: its `[R, n]` positions go to cache columns `at .. at + n` (`at` a 0-d

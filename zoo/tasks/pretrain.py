@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import lightning as L
 import torch
@@ -78,8 +79,13 @@ class UnifiedPretraining(L.LightningModule):
         warmup_steps: linear warm-up, then cosine decay to `min_lr_ratio * lr` at the last step.
         min_lr_ratio: the final learning rate as a fraction of `lr`.
         sampling: generation settings of `predict` and the sample callback.
-        parallel: FSDP2, FP8 and activation checkpointing, applied in `configure_model` (zoo.parallel).
+        parallel: FSDP2, FP8, activation checkpointing, compile and the attention backend, applied in
+            `configure_model` (zoo.parallel).
     """
+
+    # With parallel.fsdp, `zoo fit` builds the model on `meta` and `configure_model` materialises each rank's
+    # shards with the single-process weights (zoo.meta_init): per-rank memory falls with the ranks.
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
