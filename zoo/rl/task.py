@@ -44,12 +44,12 @@ from torch import Tensor
 from zoo.config import save_config_hyperparameters
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data import QueryDataModule
+from zoo.rl.engines import EngineSettings, InProcessBackend, RolloutBackend, RolloutEngine
 from zoo.rl.hints import HintController, HintSchedule
 from zoo.rl.losses import PolicyLossConfig
 from zoo.rl.policy import Precision
 from zoo.rl.prompts import Prompt
 from zoo.rl.records import Rollout
-from zoo.rl.rollout import InferenceEngine
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.scoring import Scorer, ScoringConfig, respond, safe_verify
 from zoo.rl.update import OptimConfig, PolicyUpdate, UpdateConfig
@@ -108,6 +108,9 @@ class RLTask(L.LightningModule):
         scoring: the truncation policy, the verifier pool, the validation budget.
         init_from: starting weights: a `UnifiedPretraining` Lightning checkpoint or a hub directory
             (its tokenizer, if any, replaces the datamodule's). Read when the task is built.
+        rollout_backend: where the engines and verifiers run (`zoo.rl.engines.RolloutBackend`): None (the
+            default) is `InProcessBackend` (one engine in this process); `zoo.rl.ray_backend.RayBackend`
+            puts engines and verifiers in Ray actors.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class RLTask(L.LightningModule):
         optim: OptimConfig = OptimConfig(),
         scoring: ScoringConfig = ScoringConfig(),
         init_from: str | None = None,
+        rollout_backend: RolloutBackend | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
@@ -138,7 +142,8 @@ class RLTask(L.LightningModule):
         # Plain attributes (not submodules): the engine's and the reference's weights are not checkpointed.
         reference = copy.deepcopy(model).eval().requires_grad_(False) if loss.kl_coef > 0 else None
         self.policy_update = PolicyUpdate(model, loss, update, rollout.temperature, reference)
-        self.engine: InferenceEngine | None = None
+        self.rollout_backend = rollout_backend if rollout_backend is not None else InProcessBackend()
+        self.engine: RolloutEngine | None = None
         self.scorer: Scorer | None = None
         self._engine_rng: Tensor | None = None  # from a checkpoint, applied when the engine is built
 
@@ -186,9 +191,8 @@ class RLTask(L.LightningModule):
     def on_fit_start(self) -> None:
         # Sample (and score) only text ids the tokenizer decodes, in the engine and the trainer alike.
         self.model.decode_text_with(self.source.tokenizer.vocab_size)
-        c = self.rollout_config
-        self.engine = InferenceEngine(
-            self.model,
+        c, scoring = self.rollout_config, self.scoring_config
+        settings = EngineSettings(
             precision=c.precision,
             max_new_tokens=c.max_new_tokens,
             temperature=c.temperature,
@@ -199,11 +203,12 @@ class RLTask(L.LightningModule):
             seed=self.run_seed,
             max_audio_frames=c.max_audio_frames,
         )
-        self.engine.version = self.version
+        self.engine = self.rollout_backend.build_engine(self.model, settings, self.version)
         if self._engine_rng is not None:
-            self.engine.generator.set_state(self._engine_rng)
+            self.engine.load_rng_state(self._engine_rng)
             self._engine_rng = None
-        self.scorer = Scorer(self.model, self.scoring_config)
+        pool = self.rollout_backend.verifier_pool(scoring.verifier_workers, scoring.verifier_timeout_s)
+        self.scorer = Scorer(self.model, scoring, pool)
         self.scheduler.on_complete = self._submit_for_scoring
         if self.hint_schedule.enabled:
             self.measure_pass_init()
@@ -211,6 +216,9 @@ class RLTask(L.LightningModule):
     def on_fit_end(self) -> None:
         if self.scorer is not None:
             self.scorer.close()
+        if self.engine is not None:
+            self.engine.close()
+        self.rollout_backend.close()
 
     @torch.no_grad()
     def measure_pass_init(self) -> None:
@@ -344,7 +352,7 @@ class RLTask(L.LightningModule):
             "hints": self.hint_controller.state_dict(),
             "scheduler": self.scheduler.checkpoint_state(self.engine),
             # The engine's sampling generator: a resumed run samples what an uninterrupted one would.
-            "engine_rng": self.engine.generator.get_state() if self.engine is not None else None,
+            "engine_rng": self.engine.rng_state() if self.engine is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
