@@ -184,3 +184,48 @@ def test_a_verifier_past_its_timeout_scores_zero_and_its_actor_is_replaced(clust
     assert results[stuck].reward == 0.0 and results[stuck].error.startswith("timeout")
     assert results[fine].ok and results[fine].reward == 1.0
     assert pool.counts["timeouts"] == 1 and pool.counts["restarts"] == 1
+
+
+@pytest.fixture(scope="module")
+def warm_state() -> tuple[dict, str]:
+    """test_rl_task's warm-started tiny model (its weights and tokenizer), built here on first use."""
+    from test_rl_task import TINY, make_data, warm_start
+
+    torch.manual_seed(0)
+    model = create_model("tiny", **TINY)
+    data = make_data(model)
+    warm_start(model, data)
+    return {k: v.clone() for k, v in model.state_dict().items()}, data.tokenizer.to_json()
+
+
+@pytest.mark.slow
+def test_an_rl_run_on_ray_trains_the_weights_of_the_same_run_in_process(cluster, warm_state, tmp_path):
+    from test_rl_task import fit, make_data, warm_model
+
+    from zoo.rl.ray_verifiers import RayVerifierPool
+    from zoo.rl.task import RLTask, RolloutConfig
+    from zoo.rl.update import OptimConfig, UpdateConfig
+    from zoo.tokenizers.text import TextTokenizer
+
+    def run(backend, path):
+        torch.manual_seed(1)
+        model = warm_model(warm_state)
+        data = make_data(model)
+        data.use_tokenizer(TextTokenizer.from_json(warm_state[1]))
+        task = RLTask(
+            model, scheduler=URBScheduler(n_groups=2), rollout=RolloutConfig(max_new_tokens=6, seed=0),
+            update=UpdateConfig(batch_size=4, group_size=8, micro_batch_size=16), optim=OptimConfig(lr=1e-3),
+            rollout_backend=backend,
+        )  # fmt: skip
+        fit(task, data, path, limit_val_batches=0)
+        return task, {k: v.clone() for k, v in model.state_dict().items()}
+
+    start = warm_model(warm_state).state_dict()
+    local, local_weights = run(None, tmp_path / "local")
+    backend = RayBackend(engines=1, num_cpus_per_engine=0.5, verifier_actors=1)
+    remote, remote_weights = run(backend, tmp_path / "ray")
+    assert isinstance(remote.scorer.pool, RayVerifierPool)
+    assert remote.scorer.pool.counts["calls"] == 2 * 4 * 8 and remote.scorer.pool.counts["errors"] == 0
+    assert remote.version == local.version == 2
+    assert any(not torch.equal(start[k], local_weights[k]) for k in start), "no signal: nothing to compare"
+    assert all(torch.equal(local_weights[k], remote_weights[k]) for k in local_weights), "the runs differ"
