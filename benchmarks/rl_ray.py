@@ -65,7 +65,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="G: samples a query")
     parser.add_argument("--max-len", type=int, default=96, help="cap of a response's budget")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray cluster")
-    parser.add_argument("--cpus-per-engine", type=float, default=1.0)
+    parser.add_argument(
+        "--cpus-per-engine", type=float, default=0.5, help="1 + 2 engines live at once"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     info = machine_info(1)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from zoo.rl.prompts import Prompt
     from zoo.rl.records import Query, Rollout
     from zoo.rl.rollout import EngineStats, InferenceEngine
-    from zoo.rl.verifiers import VerifierPool, VerifierResult
+    from zoo.rl.verifiers import VerifierResult
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class RolloutBackend(Configurable):
     def build_engine(self, model: UnifiedModel, settings: EngineSettings, version: int) -> RolloutEngine:
         raise NotImplementedError
 
-    def verifier_pool(self, workers: int, timeout_s: float) -> ScoringPool | VerifierPool:
+    def verifier_pool(self, workers: int, timeout_s: float) -> ScoringPool:
         """The pool of `ScoringConfig.verifier_workers` workers (0: inline) with `verifier_timeout_s`."""
         from zoo.rl.verifiers import VerifierPool
 

@@ -193,6 +193,8 @@ class RayEngineGroup:
         max_restarts: engine actors the group may recreate over the run before it gives up.
         call_timeout_s: longest a call (a step, a push) may take before the actor is killed and recreated
             (None: wait for ever; a dead actor is noticed either way).
+        startup_s: how long the actors may take to start (placed, imported, weights loaded) before the
+            group gives up, naming the resources it asked for.
     """
 
     def __init__(
@@ -206,6 +208,7 @@ class RayEngineGroup:
         threads_per_engine: int = 1,
         max_restarts: int = 3,
         call_timeout_s: float | None = None,
+        startup_s: float = 300.0,
     ) -> None:
         if engines < 1:
             raise ValueError(f"engines must be >= 1, got {engines}")
@@ -229,7 +232,15 @@ class RayEngineGroup:
         self._weights = ray.put(_cpu_state(model))
         self.restarts = 0
         self._actors = [self._create(i) for i in range(engines)]
-        ray.get([a.ready.remote() for a in self._actors])  # construction errors surface here, by name
+        try:  # construction errors surface here, by name
+            ray.get([a.ready.remote() for a in self._actors], timeout=startup_s)
+        except GetTimeoutError as err:
+            self.close()
+            raise RuntimeError(
+                f"{engines} engine actors of {num_cpus_per_engine} CPUs and {num_gpus_per_engine} GPUs "
+                f"did not start within {startup_s} s: does the cluster have those resources free "
+                f"({ray.available_resources()} available)?"
+            ) from err
         self._rollouts: dict[int, Rollout] = {}  # handle -> the scheduler's rollout, while in an engine
         self._where: dict[int, int] = {}  # handle -> engine index
         self._completed: list[Rollout] = []  # done without an engine (recovered ones), handed out by `step`
