@@ -5,8 +5,9 @@ rollouts), `zoo.rl.verifiers` (verifiers, the worker pool), `zoo.rl.tasks_text`,
 with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.policy` (the engine's weights),
 `zoo.rl.rollout` (the inference engine), `zoo.rl.replay` (router replay, the trainer's log-probs),
 `zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.scoring` (rewards, validation), `zoo.rl.update` (the
-policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption) and
-`zoo.rl.task.RLTask`.
+policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption),
+`zoo.rl.engines` (the engine protocol, backends), `zoo.rl.ray_backend` / `ray_engines` / `ray_verifiers`
+(engines and verifiers as Ray actors) and `zoo.rl.task.RLTask`.
 
 Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
 for Lightning.
@@ -33,6 +34,9 @@ _EXPORTS = {
     "Rollout": "zoo.rl.records",
     "VerifierPool": "zoo.rl.verifiers",
     "TextTasks": "zoo.rl.tasks_text",
+    "EngineSettings": "zoo.rl.engines",
+    "InProcessBackend": "zoo.rl.engines",
+    "RayBackend": "zoo.rl.ray_backend",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -89,7 +89,13 @@ class PolicyCopy:
     @torch.no_grad()
     def sync(self, model: UnifiedModel) -> None:
         """Copy `model`'s weights (FSDP2-sharded ones are gathered: call on every rank) and cast them."""
-        self.model.load_state_dict(full_state_dict(model), strict=True)
+        self.load(full_state_dict(model))
+
+    @torch.no_grad()
+    def load(self, state: dict[str, Tensor]) -> None:
+        """Load a plain state dict (`full_state_dict` of the trained model; strict) and cast it: how an
+        engine in another process (a Ray actor) gets new weights."""
+        self.model.load_state_dict(state, strict=True)
         self._cast()
 
     def _fp8_weights(self) -> list[Tensor]:

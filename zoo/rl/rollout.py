@@ -146,6 +146,12 @@ class InferenceEngine:
         Sequences in flight are re-prefilled (prompt + partial response) under the new weights at the
         next `step`, and their later tokens carry the new version.
         """
+        self.sync_weights(full_state_dict(model), version)
+
+    @torch.no_grad()
+    def sync_weights(self, state: dict[str, Tensor], version: int) -> None:
+        """`sync` from a plain state dict (`full_state_dict` of the trained model): what an engine in
+        another process receives (`zoo.rl.ray_engines`)."""
         if self._active and self.record_routing:
             # Pending tokens are fed once more under the weights that sampled them, so every position's
             # routing is recorded by the policy that produced it; rows only waiting for that are complete.
@@ -153,7 +159,7 @@ class InferenceEngine:
             self._decode(sample=False)
             self._completed += self._retire()
             self.stats.busy_s += time.perf_counter() - begin
-        self.policy.sync(model)
+        self.policy.load(state)
         self.version = version
         if self._active:
             self.stats.reprefills += len(self._active)
@@ -265,6 +271,16 @@ class InferenceEngine:
     def generator(self) -> torch.Generator:
         """The sampling generator (its state travels in RL checkpoints)."""
         return self.sampler.generator
+
+    def rng_state(self) -> Tensor:
+        """The sampling generator's state (`RLTask` checkpoints it: a resumed run samples the same)."""
+        return self.generator.get_state()
+
+    def load_rng_state(self, state: Tensor) -> None:
+        self.generator.set_state(state)
+
+    def close(self) -> None:
+        """Nothing to release in-process (a `RolloutEngine` method: engine actors are stopped by it)."""
 
     @property
     def pending(self) -> int:

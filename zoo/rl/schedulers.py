@@ -41,9 +41,9 @@ from typing import Protocol
 from torch import nn
 
 from zoo.config import Configurable
+from zoo.rl.engines import RolloutEngine
 from zoo.rl.prompts import Prompt
 from zoo.rl.records import Rollout
-from zoo.rl.rollout import InferenceEngine
 
 
 class QuerySource(Protocol):
@@ -73,7 +73,7 @@ class RolloutScheduler(Configurable, nn.Module):
         self.on_complete: Callable[[Rollout], None] | None = None
 
     def next_batch(
-        self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int, version: int
+        self, engine: RolloutEngine, source: QuerySource, batch_size: int, group_size: int, version: int
     ) -> list[list[Rollout]]:
         """`batch_size` groups of `group_size` finished rollouts of one query each, ready to train."""
         if batch_size < 1 or group_size < 1:
@@ -94,11 +94,11 @@ class RolloutScheduler(Configurable, nn.Module):
         return groups
 
     def _collect(
-        self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int
+        self, engine: RolloutEngine, source: QuerySource, batch_size: int, group_size: int
     ) -> list[list[Rollout]]:
         raise NotImplementedError
 
-    def overlap(self, engine: InferenceEngine, seconds: float) -> float:
+    def overlap(self, engine: RolloutEngine, seconds: float) -> float:
         """Keep generating what is in flight for `seconds` while a disaggregated trainer trains (the
         engine is not synced yet: these tokens carry the old version). Sync and APRIL have nothing in
         flight after `next_batch`; U-RB's pool keeps going. Returns the seconds spent generating."""
@@ -115,7 +115,7 @@ class RolloutScheduler(Configurable, nn.Module):
 
     def _launch(
         self,
-        engine: InferenceEngine,
+        engine: RolloutEngine,
         source: QuerySource,
         n: int,
         group_size: int,
@@ -145,7 +145,7 @@ class RolloutScheduler(Configurable, nn.Module):
             self._groups.setdefault(rollout.group, []).append(rollout)
         return new
 
-    def _step(self, engine: InferenceEngine) -> None:
+    def _step(self, engine: RolloutEngine) -> None:
         if not engine.pending:
             raise RuntimeError("the engine has nothing left to generate but the scheduler still waits")
         for rollout in engine.step(1):
@@ -169,7 +169,7 @@ class RolloutScheduler(Configurable, nn.Module):
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
-    def checkpoint_state(self, engine: InferenceEngine | None) -> dict:
+    def checkpoint_state(self, engine: RolloutEngine | None) -> dict:
         """Everything needed to continue the data order after a restart (see the module docstring)."""
         # Engine order is kept: the restored rows are re-prefilled and sampled in the same order.
         queued = {id(r): i for i, r in enumerate(engine.in_flight())} if engine is not None else {}
@@ -275,7 +275,7 @@ class SyncScheduler(RolloutScheduler):
         super().__init__()
 
     def _collect(
-        self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int
+        self, engine: RolloutEngine, source: QuerySource, batch_size: int, group_size: int
     ) -> list[list[Rollout]]:
         if engine.pending:
             raise RuntimeError(f"SyncScheduler needs an idle engine; {engine.pending} sequences in flight")
@@ -301,7 +301,7 @@ class AprilScheduler(RolloutScheduler):
         self.recycled_groups = 0
 
     def _collect(
-        self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int
+        self, engine: RolloutEngine, source: QuerySource, batch_size: int, group_size: int
     ) -> list[list[Rollout]]:
         if engine.pending:
             raise RuntimeError(f"AprilScheduler needs an idle engine; {engine.pending} sequences in flight")
@@ -349,7 +349,7 @@ class URBScheduler(RolloutScheduler):
         self._assigned = 0  # the iteration of the next data group to admit
 
     def _collect(
-        self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int
+        self, engine: RolloutEngine, source: QuerySource, batch_size: int, group_size: int
     ) -> list[list[Rollout]]:
         while len(self._pool) < self.n_groups:
             self._admit(engine, source, batch_size, group_size)
@@ -364,7 +364,7 @@ class URBScheduler(RolloutScheduler):
         # sampled by policy t+1, so the lag of anything trained stays below N versions.
         return [self._take(g) for g in current]
 
-    def _admit(self, engine: InferenceEngine, source: QuerySource, batch_size: int, group_size: int) -> None:
+    def _admit(self, engine: RolloutEngine, source: QuerySource, batch_size: int, group_size: int) -> None:
         self._pool.append(self._launch(engine, source, batch_size, group_size, assigned=self._assigned))
         self._assigned += 1
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -25,6 +25,9 @@ from zoo.rl.prompts import Prompt, PromptLayout, is_document
 from zoo.rl.records import Rollout
 from zoo.rl.responses import RESPONSE_KINDS, TEXT, response_kind
 from zoo.rl.verifiers import VerifierPool, verifier_for
+
+if TYPE_CHECKING:
+    from zoo.rl.engines import ScoringPool
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,15 @@ class Scorer:
     Args:
         model: the policy (response kinds decode media responses with its frozen tokenizers).
         config: truncation policy and verifier pool settings.
+        pool: where verifier calls run (a `RolloutBackend.verifier_pool`, e.g. Ray actors); None: a
+            `VerifierPool` of `config.verifier_workers` local workers.
     """
 
-    def __init__(self, model: UnifiedModel, config: ScoringConfig) -> None:
+    def __init__(self, model: UnifiedModel, config: ScoringConfig, pool: ScoringPool | None = None) -> None:
         self.model, self.config = model, config
-        self.pool = VerifierPool(config.verifier_workers, config.verifier_timeout_s)
+        if pool is None:
+            pool = VerifierPool(config.verifier_workers, config.verifier_timeout_s)
+        self.pool = pool
         self.errors = 0  # failed verifier calls collected since the last `reset_errors`
         self._tickets: dict[int, int] = {}  # id(rollout) -> verifier ticket, submitted as it finished
         self._base_lengths: dict[str, int] = {}  # query id -> positions of its prompt without a hint
