@@ -4,6 +4,7 @@ step-limited runs, short class names, and `--config` / `--print_config` on the e
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def test_a_relative_config_missing_here_is_read_from_the_packaged_configs(elsewh
     shipped = packaged_configs() / "presets" / "small.yaml"
     assert packaged_config("configs/presets/small.yaml") == shipped
     assert packaged_config("presets/small.yaml") == shipped
-    assert with_packaged_configs(["fit", "--config", "configs/quickstart.yaml", "--data=configs/data/x.yaml"]) == [
-        "fit", "--config", str(packaged_configs() / "quickstart.yaml"), "--data=configs/data/x.yaml",
+    argv = ["fit", "--config", "configs/quickstart.yaml", "--data=configs/data/missing.yaml"]
+    assert with_packaged_configs(argv) == [
+        "fit", "--config", str(packaged_configs() / "quickstart.yaml"), "--data=configs/data/missing.yaml",
     ]  # fmt: skip
 
 
@@ -60,7 +62,8 @@ def test_a_config_that_exists_here_or_is_absolute_is_never_replaced(elsewhere: P
     assert packaged_config("configs/quickstart.yaml") is None
     assert packaged_config(str(elsewhere / "configs" / "predict.yaml")) is None
     assert packaged_config("../configs/quickstart.yaml") is None
-    assert with_packaged_configs(["--config", "configs/quickstart.yaml"]) == ["--config", "configs/quickstart.yaml"]
+    argv = ["--config", "configs/quickstart.yaml"]
+    assert with_packaged_configs(argv) == argv
 
 
 def test_zoo_fit_from_another_directory_uses_the_packaged_quickstart(elsewhere: Path, capsys):
@@ -85,8 +88,6 @@ def test_no_lightning_args_warning_whatever_sys_argv_holds(elsewhere: Path, caps
         ZooCLI(args=["--config", str(QUICKSTART), "--trainer.logger=false"], run=False)
         assert run(["fit", "--config", str(QUICKSTART), "--print_config"], capsys)[0] == 0
     assert not [w for w in caught if "args" in str(w.message) and "LightningCLI" in str(w.message)]
-    import sys
-
     assert sys.argv == ["pytest", "-q", "tests/some_test.py"], "the caller's sys.argv is given back"
 
 
