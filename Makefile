@@ -1,15 +1,16 @@
-# The two commands of the README: `make demo` and `make test`. Both create or update .venv first.
+# The two commands of the README: `make demo` and `make test`. Both create or update .venv first, with the
+# exact versions CI tests (constraints.txt; pyproject.toml holds the compatible ranges).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow lint bench wheel-check clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 # The main job: a visual tokenizer and an audio codec, then the unified model on ShapesWorld text, images
@@ -25,6 +26,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# Build the wheel, install it into a fresh virtual environment outside the checkout, train two steps there.
+wheel-check: $(STAMP)
+	PYTHON=$(PYTHON) BUILD_PYTHON=$(BIN)/python .ci/wheel_check
+
 lint: $(STAMP)
 	$(BIN)/ruff check zoo tests benchmarks
 
@@ -35,4 +40,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/nfsp.py
 
 clean:
-	rm -rf $(VENV) lightning_logs runs
+	rm -rf $(VENV) lightning_logs runs build dist

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Bottom to top. A module may import its own unit, any unit of its own layer (the cycle test keeps those
 # imports acyclic) and any unit of a lower layer; never a higher one. "zoo" is the package root.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("version", "config", "trust", "weights", "batch", "task_names", "fingerprint", "publishing"),
+    ("version", "config", "trust", "weights", "batch", "task_names", "fingerprint", "publishing",
+     "command_line"),
     ("media", "world"),
     ("tokenizers",),
     ("models",),

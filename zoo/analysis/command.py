@@ -221,7 +221,11 @@ def _fmt(value: float | None) -> str:
 
 def analyze_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
-        prog="zoo analyze", description="routing analysis of a unified checkpoint: heatmaps, IoU, entropy"
+        prog="zoo analyze",
+        description="routing analysis of a unified checkpoint: heatmaps, IoU, entropy",
+        epilog="Unlike the other extra commands, `zoo analyze` takes no file of its own options and has no "
+        "--print_config: its --config is the training config whose data section it probes with (as `zoo fit "
+        "--config` reads it).",
     )
     parser.add_argument("--checkpoint", required=True, help="a Lightning checkpoint of UnifiedPretraining")
     parser.add_argument("--out", required=True, help="directory for routing.json and the PNG figures")

@@ -13,8 +13,11 @@ zoo analyze --checkpoint last.ckpt --out analysis/ [--batches 8] [--config data.
 zoo tokenize pairs.jsonl 'shards-{0000..0099}.tar' --out codes/ --model exported/   # code shards
 zoo ablate --config base.yaml --variant a= --variant b=overlay.yaml --seeds 0 1 2 --out runs/ablation/
 
-A refusal prints its cause in a line or two (`--debug` prints the traceback); classes named in YAML, flags or
-checkpoints must be on the allow-list of `zoo.trust` (add your own modules with ZOO_ALLOW_IMPORTS=pkg,...).
+A relative config path that is not in the working directory is read from the configs shipped with the zoo
+(`zoo.cli.config_paths`): `zoo fit --config configs/quickstart.yaml` works from any directory after a wheel
+install. A refusal prints its cause in a line or two (`--debug` prints the traceback); classes named in YAML,
+flags or checkpoints must be on the allow-list of `zoo.trust` (add your own modules with
+ZOO_ALLOW_IMPORTS=pkg,...).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import sys
 
 from zoo.cli.commands import EXTRA_COMMANDS, extra_command
+from zoo.cli.config_paths import with_packaged_configs
 from zoo.cli.errors import USER_ERRORS, debug_requested, report
 from zoo.cli.lightning_cli import ZooCLI
 
@@ -30,7 +34,7 @@ __all__ = ["ZooCLI", "console_main", "main"]
 
 def main(argv: list[str] | None = None) -> None:
     """Run one `zoo` command; errors propagate (the Python entry point, used by tests and scripts)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = with_packaged_configs(sys.argv[1:] if argv is None else list(argv))
     command = extra_command(argv[0]) if argv else None
     if command is not None:
         command(argv[1:])
@@ -40,13 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         print("Extra commands: " + "; ".join(f"{k}: {v}" for k, v in EXTRA_COMMANDS.items()))
     import zoo  # noqa: F401  (registers presets; checkpoints name zoo classes)
 
-    # LightningCLI reads the command line itself (and warns when given `args` beside it); Lightning's launcher
-    # re-runs sys.argv in every further process, so sys.argv is the command being run for as long as it runs.
-    saved, sys.argv = sys.argv, [sys.argv[0] if sys.argv else "zoo", *argv]
-    try:
-        ZooCLI(args=None)
-    finally:
-        sys.argv = saved
+    ZooCLI(args=argv)  # sys.argv is `argv` while it runs (ZooCLI.__init__): no LightningCLI `args` warning
 
 
 def console_main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,11 +99,7 @@ def run_once(
     args += [f"--seed_everything={seed}", *(f"--{s}" for s in settings)]
     cli_class = _cli_class()
     cli_class.run_dir = str(run_dir)
-    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees this command's own flags
-    try:
-        cli = cli_class(args=args, run=False)
-    finally:
-        sys.argv = argv
+    cli = cli_class(args=args, run=False)  # ZooCLI runs with sys.argv = args: no LightningCLI `args` warning
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     metrics = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     result = {k: float(v) for k, v in (metrics[0] if metrics else {}).items()}
@@ -196,7 +191,13 @@ def plot_curves(out: Path, variants: list[str], seeds: list[int], keys: tuple[st
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="zoo ablate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="zoo ablate",
+        description=__doc__.split("\n\n")[0],
+        epilog="Unlike the other extra commands, `zoo ablate` takes no file of its own options and has no "
+        "--print_config: its --config is the base training config of every run (as `zoo fit --config`), and "
+        "`zoo fit --config BASE --config OVERLAY --print_config` prints what one variant trains.",
+    )
     parser.add_argument("--config", required=True, help="the base config (a full model + data config)")
     parser.add_argument("--variant", action="append", required=True, help="NAME=OVERLAY.yaml[,...] or NAME=")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

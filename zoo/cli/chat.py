@@ -22,11 +22,13 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from zoo.command_line import command_parser
+
 COMMANDS = """commands: /image PATH [text], /audio PATH [text], /reset, /help, /quit"""
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zoo chat", description="a conversation with a trained model")
+    p = command_parser("zoo chat", "a conversation with a trained model")
     p.add_argument("source", help="a Lightning checkpoint, a folder `zoo export` wrote, or a hub repo id")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")

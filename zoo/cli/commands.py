@@ -1,10 +1,16 @@
 """The `zoo` commands that are not Lightning's: tokenizer training, presets, export, push and pull,
-pre-tokenization, serving, evaluation."""
+pre-tokenization, serving, evaluation.
+
+Their parsers come from `zoo.command_line.command_parser`, so each takes `--config FILE.yaml` and
+`--print_config` as `zoo fit` does (`zoo models` has no options; `zoo ablate` and `zoo analyze` already use
+`--config` for a training config, see their `--help`)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+
+from zoo.command_line import command_parser
 
 EXTRA_COMMANDS = {
     "train-tokenizer": "train a byte-level BPE tokenizer on text files",
@@ -41,7 +47,7 @@ def models_main(argv: list[str]) -> None:
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"zoo {command}", description=EXTRA_COMMANDS[command])
+    return command_parser(f"zoo {command}", EXTRA_COMMANDS[command])
 
 
 def _add_hub_metadata(parser: argparse.ArgumentParser) -> None:

@@ -17,13 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from zoo.command_line import command_parser
+
 DEFAULT_OUT = {"image": "generated.png", "video": "generated.gif", "speech": "generated.wav"}
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="zoo generate",
-        description="one answer of a trained model: text streamed, images and speech written to files",
+    p = command_parser(
+        "zoo generate", "one answer of a trained model: text streamed, images and speech written to files"
     )
     p.add_argument("source", help="a Lightning checkpoint, a folder `zoo export` wrote, or a hub repo id")
     p.add_argument("prompt", nargs="?", default=None, help="the text to continue, caption to draw, or prompt")

@@ -8,7 +8,10 @@ On top of Lightning's CLI (subclass mode: the task and the datamodule are chosen
 - `--ckpt_overrides`: `auto` (default) refuses a resumed `fit` whose model config differs from the
   checkpoint's, or whose checkpoint belongs to another run, and lets `validate/test/predict` override with a
   warning; `allow` and `refuse` say so for every subcommand;
-- `fit` writes into its own run folder (`zoo.cli.runs`), and the tokenizer comes from the checkpoint.
+- `fit` writes into its own run folder (`zoo.cli.runs`), and the tokenizer comes from the checkpoint;
+- the progress bar counts steps against `max_steps` on step-limited runs (`zoo.cli.progress`);
+- a short class name (`--model UnifiedPretraining`, `--data.help ShapesDataModule`) names the zoo class of
+  that name (`zoo.cli.short_names` imports its module before parsing, so that jsonargparse knows it).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+from jsonargparse import ActionConfigFile
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from zoo.cli.checkpoint import (
@@ -33,11 +38,18 @@ from zoo.cli.checkpoint import (
     weight_mismatches,
 )
 from zoo.cli.errors import show_zoo_messages
+from zoo.cli.progress import StepProgressBar
 from zoo.cli.runs import RUN_DIR_ENV, RunRecord, choose_run_dir, place_outputs
+from zoo.cli.short_names import import_modules_of, short_names_used
 from zoo.trust import enforce_import_allowlist
 
 log = logging.getLogger("zoo.cli")
 CkptOverrides = Literal["auto", "allow", "refuse"]
+CONFIG_HELP = (
+    "Path to a configuration file in json or yaml format (repeat to overlay). A relative path that is not in "
+    "the working directory is read from the configs shipped with the zoo: --config configs/quickstart.yaml "
+    "works from any directory"
+)
 
 
 class ZooCLI(LightningCLI):
@@ -46,9 +58,18 @@ class ZooCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         enforce_import_allowlist()
         show_zoo_messages()
+        argv = list(args) if isinstance(args, (list, tuple)) else None
+        if args is None or argv is not None:
+            import_modules_of(short_names_used(sys.argv[1:] if argv is None else argv))
         self.checkpoint: CheckpointSummary | None = None
         self.run_folder: Path | None = None
         inherited = os.environ.get(RUN_DIR_ENV)
+        # LightningCLI reads sys.argv itself and warns when it is given `args` beside other command-line
+        # arguments (Lightning's launcher re-runs sys.argv in every further process): so while this CLI parses
+        # and runs, sys.argv is the command it was given, whoever calls it (`zoo`, tests, ablations, scripts).
+        saved_argv = sys.argv
+        if argv is not None:
+            sys.argv, args = [sys.argv[0] if sys.argv else "zoo", *argv], None
         try:
             super().__init__(
                 model_class=L.LightningModule,
@@ -61,10 +82,18 @@ class ZooCLI(LightningCLI):
                 auto_configure_optimizers=False,
             )
         finally:  # the run folder is handed to this run's child processes only
+            sys.argv = saved_argv
             if inherited is None:
                 os.environ.pop(RUN_DIR_ENV, None)
             else:
                 os.environ[RUN_DIR_ENV] = inherited
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser, with `--config` saying where a relative path is looked for."""
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={L.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=ActionConfigFile, help=CONFIG_HELP)
+        return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -227,7 +256,19 @@ class ZooCLI(LightningCLI):
             self.datamodule.tokenizer = TextTokenizer.from_json(tokenizer, source=str(self.checkpoint.path))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        self._install_step_progress_bar()
         trainer = super().instantiate_trainer(**kwargs)
         if self.run_folder is not None:
             trainer.callbacks.append(RunRecord(str(self.run_folder)))
         return trainer
+
+    def _install_step_progress_bar(self) -> None:
+        """Add `StepProgressBar` unless the config names a progress bar or turns it off."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer = config["trainer"]
+        callbacks = trainer.get("callbacks")
+        if not isinstance(callbacks, list):
+            callbacks = [] if callbacks is None else [callbacks]
+        if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in callbacks):
+            return
+        trainer["callbacks"] = [*callbacks, StepProgressBar()]

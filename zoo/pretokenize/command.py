@@ -6,15 +6,17 @@
         --visual_tokenizer configs/tokenizers/visual_2d.yaml \\
         --visual_weights runs/visual_2d/latest/visual_tokenizer.safetensors
 
-An argparse command like the other extra commands: its arguments are paths, counts and policies, and the
-tokenizers come from files through the hub's allow-list (`zoo.pretokenize.frozen`), not from class paths
-on the command line. Rerunning the same command resumes: finished shards are skipped.
+A command like the other extra commands (options also from `--config FILE.yaml`; `--print_config`): its
+arguments are paths, counts and policies, and the tokenizers come from files through the hub's allow-list
+(`zoo.pretokenize.frozen`), not from class paths on the command line.
+Rerunning the same command resumes: finished shards are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from zoo.command_line import command_parser
 from zoo.datamodules.media_samples import MediaSpec
 from zoo.media import DEFAULT_MAX_PIXELS
 from zoo.pretokenize.frozen import FrozenTokenizers, load_component, model_tokenizers
@@ -36,7 +38,7 @@ def clip_start(text: str) -> str | float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zoo tokenize", description=DESCRIPTION)
+    p = command_parser("zoo tokenize", DESCRIPTION)
     p.add_argument("inputs", nargs="+", help="jsonl manifests and/or WebDataset tar shards (brace patterns)")
     p.add_argument("--out", required=True, help="folder of the code shards (rerun into it to resume)")
     source = p.add_argument_group("tokenizers: a model, or config files plus weights")

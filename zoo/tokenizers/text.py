@@ -21,7 +21,6 @@ zoo that vocabulary. It wraps Hugging Face `tokenizers`:
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
 import json
@@ -32,6 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from zoo.command_line import command_parser
 
 NUM_BYTES = 256
 
@@ -408,9 +409,8 @@ def _jsonl_text(line: str, path: Path, lineno: int) -> str:
 
 def train_tokenizer_main(argv: list[str] | None = None) -> None:
     """`zoo train-tokenizer --files a.txt b.jsonl --vocab_size 512 --out tokenizer.json`."""
-    parser = argparse.ArgumentParser(
-        prog="zoo train-tokenizer",
-        description="Train the byte-level BPE text tokenizer and write it as one JSON file.",
+    parser = command_parser(
+        "zoo train-tokenizer", "Train the byte-level BPE text tokenizer and write it as one JSON file."
     )
     parser.add_argument(
         "--files",
