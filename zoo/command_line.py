@@ -6,8 +6,9 @@ command line as before, and also from YAML files: `--config export.yaml` (keys a
 dashes as underscores, positionals included; what comes later on the command line wins), and they print the
 options they would run with as YAML with `--print_config` (a file that `--config` reads back). The parser is
 jsonargparse's ArgumentParser, argparse's own class plus config files, so a command declares its options with
-`add_argument` exactly as with argparse. `zoo ablate` and `zoo analyze` keep argparse: their `--config` is
-already a training config (the base of the ablation; the data to probe), as `zoo fit --config` is.
+`add_argument` exactly as with argparse. `zoo ablate`, `zoo analyze` and `zoo plan` keep argparse: their
+`--config` is already a training config (the base of the ablation; the data to probe; the run to plan), as
+`zoo fit --config` is.
 """
 
 from __future__ import annotations

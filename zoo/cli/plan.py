@@ -136,6 +136,7 @@ def plan_main(argv: list[str]) -> None:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--preset", help="a model preset (zoo models), with Parallelism(fsdp=True)")
+    # --config is the training run's own config (as for zoo ablate and analyze), not this command's options.
     source.add_argument("--config", action="append", help="LightningCLI config files, in order (repeatable)")
     parser.add_argument("--world_size", type=int, required=True, help="ranks of the data-parallel mesh")
     parser.add_argument("--fp8", action="store_true", help="with --preset: FP8 linears (as fsdp_fp8.yaml)")
