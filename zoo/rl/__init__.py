@@ -2,7 +2,7 @@
 
 `zoo.rl.losses` (GRPO / GSPO / IcePop / MISC / WPSM), `zoo.rl.hints` (AHRL), `zoo.rl.records` (queries and
 rollouts), `zoo.rl.verifiers` (verifiers, the worker pool), `zoo.rl.tasks_text`, `zoo.rl.prompts` (prompts
-with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.policy` (the engine's weights),
+with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.policy` (the engine's weights), `zoo.rl.envs` (instruction following, tool use),
 `zoo.rl.rollout` (the inference engine), `zoo.rl.replay` (router replay, the trainer's log-probs),
 `zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.scoring` (rewards, validation), `zoo.rl.update` (the
 policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption) and
@@ -33,6 +33,8 @@ _EXPORTS = {
     "Rollout": "zoo.rl.records",
     "VerifierPool": "zoo.rl.verifiers",
     "TextTasks": "zoo.rl.tasks_text",
+    "InstructionRLDataModule": "zoo.rl.envs.data",
+    "ToolRLDataModule": "zoo.rl.envs.data",
 }
 
 __all__ = sorted(_EXPORTS)
