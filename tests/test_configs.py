@@ -147,8 +147,8 @@ def provide_whisper_folders(node: object, run_dir: Path) -> None:
 
 
 def provide_starting_checkpoints(merged: dict, run_dir: Path) -> None:
-    """Stage configs start from an earlier stage's checkpoint (`init_from: runs/.../last.ckpt`, the RL stages of
-    configs/rl/stages/). Write an untrained checkpoint of the configured model there (relative to the run
+    """Stage configs start from an earlier stage's checkpoint (`init_from: runs/.../last.ckpt`: the RL stages
+    of configs/rl/stages/). Write an untrained checkpoint of the configured model there (relative to the run
     directory), so the config builds as it would after the earlier stage."""
     init_args = (merged.get("model") or {}).get("init_args") or {}
     start = init_args.get("init_from")

@@ -1,6 +1,7 @@
-"""The multi-stage RL configs as a specification (configs/rl/stages/, scripts/post_train.sh): each stage starts
-from the previous stage's output by its own `init_from`, and the chain runs through `zoo fit`, two RL steps a
-stage, stage 2 from stage 1's last.ckpt and so on (stage 1 from fresh weights here: SFT is its own test).
+"""The multi-stage RL configs as a specification (configs/rl/stages/, scripts/post_train.sh): each stage
+starts from the previous stage's output by its own `init_from`, and the chain runs through `zoo fit`, two RL
+steps a stage, stage 2 from stage 1's last.ckpt and so on (stage 1 from fresh weights here: SFT is its own
+test).
 
 One of the few essential end-to-end tests: four `zoo fit` runs of the demo's architecture (about a minute)."""
 

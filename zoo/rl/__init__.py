@@ -2,11 +2,11 @@
 
 `zoo.rl.losses` (GRPO / GSPO / IcePop / MISC / WPSM), `zoo.rl.hints` (AHRL), `zoo.rl.records` (queries and
 rollouts), `zoo.rl.verifiers` (verifiers, the worker pool), `zoo.rl.tasks_text`, `zoo.rl.prompts` (prompts
-with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.policy` (the engine's weights), `zoo.rl.envs` (instruction following, tool use),
+with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.policy` (the engine's weights),
 `zoo.rl.rollout` (the inference engine), `zoo.rl.replay` (router replay, the trainer's log-probs),
 `zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.scoring` (rewards, validation), `zoo.rl.update` (the
-policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption) and
-`zoo.rl.task.RLTask`.
+policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption),
+`zoo.rl.envs` (instruction following, tool use) and `zoo.rl.task.RLTask`.
 
 Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
 for Lightning.

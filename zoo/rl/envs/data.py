@@ -93,6 +93,7 @@ class ToolRLDataModule(QueryDataModule):
         self.tasks = ToolTasks(difficulties, seed, heldout_fraction)
         self.max_calls = max_calls
         self._environment: ToolEnvironment | None = None
+        self._environment_tokenizer: object = None  # the tokenizer `_environment` encodes with
 
     def make_queries(self, split: str, n: int) -> list[Query]:
         return self.tasks.queries(split, n)

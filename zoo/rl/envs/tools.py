@@ -10,7 +10,8 @@ new special would move every id of a trained model):
 
 The engine (`zoo.rl.rollout.InferenceEngine`) asks `ToolEnvironment.forced_token` after every token: once the
 policy's text since the last result contains `</tool>`, the result's ids are owed and fed one a step in
-place of sampling (`Rollout.injected` marks them; `zoo.rl.update` masks them out of the loss). The result
+place of sampling (`Rollout.injected` marks them; `zoo.rl.update` masks them out of the loss). They count
+toward the response's token budget (a result cut by it leaves the rollout truncated). The result
 starts with a space, so the byte-level BPE's pre-tokenizer never merges the policy's `>` with it.
 
 `calculate` evaluates an arithmetic expression over an AST allow-list (numbers, + - * / // % **, unary
