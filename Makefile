@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench wheel-check clean
+.PHONY: demo post-train test test-slow lint bench wheel-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/visual_tokenizer.yaml
 	$(BIN)/zoo fit --config configs/demo/audio_codec.yaml
 	$(BIN)/zoo fit --config configs/demo/multimodal.yaml
+
+# Post-training end to end (issue 18): pretraining (the demo's stages), SFT, then RL stages 1-4
+# (configs/rl/stages/), each from the previous one's output; see scripts/post_train.sh for shorter runs.
+post-train: $(STAMP)
+	ZOO=$(BIN)/zoo scripts/post_train.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from zoo.cli import ZooCLI, main
+from zoo.config import to_config
 from zoo.hub import build_from_config
 from zoo.registry import get_preset, list_models
 from zoo.tasks.pretrain import UnifiedPretraining
@@ -145,6 +146,21 @@ def provide_whisper_folders(node: object, run_dir: Path) -> None:
         provide_whisper_folders(value, run_dir)
 
 
+def provide_starting_checkpoints(merged: dict, run_dir: Path) -> None:
+    """Stage configs start from an earlier stage's checkpoint (`init_from: runs/.../last.ckpt`: the RL stages
+    of configs/rl/stages/). Write an untrained checkpoint of the configured model there (relative to the run
+    directory), so the config builds as it would after the earlier stage."""
+    init_args = (merged.get("model") or {}).get("init_args") or {}
+    start = init_args.get("init_from")
+    if not isinstance(start, str) or (run_dir / start).exists():
+        return
+    model = build_from_config(init_args["model"])
+    target = run_dir / start
+    target.parent.mkdir(parents=True, exist_ok=True)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": {"model": to_config(model)}}, target)
+
+
 # --- every YAML builds ------------------------------------------------------------------------------
 
 
@@ -164,6 +180,7 @@ def test_every_config_builds_its_task_and_datamodule_through_the_cli(
             merged = deep_merge(merged, load(Path(used)))
     provide_weight_files(merged, in_tmp)
     provide_whisper_folders(merged, in_tmp)
+    provide_starting_checkpoints(merged, in_tmp)
     meta = MetaZooCLI(args=args, run=False)
     n_params = count_parameters(meta.model)
     built = [meta]

@@ -7,7 +7,7 @@ with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.polic
 `zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.scoring` (rewards, validation), `zoo.rl.update` (the
 policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption),
 `zoo.rl.engines` (the engine protocol, backends), `zoo.rl.ray_backend` / `ray_engines` / `ray_verifiers`
-(engines and verifiers as Ray actors) and `zoo.rl.task.RLTask`.
+(engines and verifiers as Ray actors), `zoo.rl.envs` (instruction following, tool use) and `zoo.rl.task.RLTask`.
 
 Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
 for Lightning.
@@ -37,6 +37,8 @@ _EXPORTS = {
     "EngineSettings": "zoo.rl.engines",
     "InProcessBackend": "zoo.rl.engines",
     "RayBackend": "zoo.rl.ray_backend",
+    "InstructionRLDataModule": "zoo.rl.envs.data",
+    "ToolRLDataModule": "zoo.rl.envs.data",
 }
 
 __all__ = sorted(_EXPORTS)

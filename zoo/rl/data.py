@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 from torch.utils.data import DataLoader
@@ -28,6 +29,9 @@ from zoo.rl.records import Query
 from zoo.rl.tasks_text import TextTasks, training_text
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+
+if TYPE_CHECKING:
+    from zoo.rl.envs.protocol import Environment
 
 
 def load_any_tokenizer(path: str | Path) -> TextTokenizer:
@@ -160,9 +164,14 @@ class QueryDataModule(L.LightningDataModule):
         return self.vocab.text_to_unified(self.ensure_tokenizer().encode(text)).tolist()
 
     def base_prompt_ids(self, query: Query) -> list[int]:
-        """`<bos>` + the prompt's unified ids, without a hint."""
+        """`<bos>` + the prompt's unified ids, without a hint; with role tokens in the vocabulary, the chat
+        format's user turn and the assistant's opening (`<bos> <|user|> prompt <|assistant|>`, as
+        `zoo.datamodules.chat.chat_document` lays out a conversation for generation)."""
         if query.id not in self._base:
-            self._base[query.id] = [self.vocab.bos_id, *self.encode_text(query.prompt)]
+            ids = self.encode_text(query.prompt)
+            if self.vocab.chat:
+                ids = [self.vocab.special("<|user|>"), *ids, self.vocab.special("<|assistant|>")]
+            self._base[query.id] = [self.vocab.bos_id, *ids]
         return self._base[query.id]
 
     def base_prompt(self, query: Query) -> Prompt:
@@ -179,6 +188,10 @@ class QueryDataModule(L.LightningDataModule):
     def encode_prompt(self, query: Query) -> Prompt:
         """What the policy continues: `<bos>` + prompt + the AHRL hint of the current step (if any)."""
         return [*self.base_prompt_ids(query), *self.hint_ids(query)]
+
+    def environment(self) -> Environment | None:
+        """What takes part in the responses besides the policy (a tool: `zoo.rl.envs.tools`); None here."""
+        return None
 
     def decode(self, ids: list[int]) -> str:
         """Unified ids -> text, special tokens dropped."""

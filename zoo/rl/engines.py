@@ -27,6 +27,7 @@ from zoo.rl.policy import Precision
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
     from zoo.rl.prompts import Prompt
+    from zoo.rl.envs.protocol import Environment
     from zoo.rl.records import Query, Rollout
     from zoo.rl.rollout import EngineStats, InferenceEngine
     from zoo.rl.verifiers import VerifierResult
@@ -49,6 +50,9 @@ class EngineSettings:
     max_batch: int | None = None
     seed: int = 0
     max_audio_frames: int = 128
+    # Takes part in text responses (the calculator of the tool-use stage); the Ray engines receive it with the
+    # settings, so it must be picklable (the zoo's are plain objects over the tokenizer's encode and decode).
+    environment: Environment | None = None
 
     def build(self, model: UnifiedModel, seed: int | None = None) -> InferenceEngine:
         """An engine on a private copy of `model` (seed: this engine's, default `self.seed`)."""
@@ -66,6 +70,7 @@ class EngineSettings:
             max_batch=self.max_batch,
             seed=self.seed if seed is None else seed,
             max_audio_frames=self.max_audio_frames,
+            environment=self.environment,
         )
 
 

@@ -64,6 +64,8 @@ class Rollout:
     (also for a partial rollout from `interrupt`). versions: the policy version that sampled each
     response token. finished: a stop id ended it. truncated: its token budget ended it.
     max_new_tokens: this rollout's own budget (None: the engine's). group: the scheduler's group index.
+    injected: per response token, True where an environment fed it (a tool's result: no decision of the
+    policy, l_inf 0.0, out of the loss); empty when no environment took part (`zoo.rl.envs.protocol`).
     """
 
     query: Query
@@ -79,6 +81,12 @@ class Rollout:
     max_new_tokens: int | None = None
     group: int = -1
     prompt_document: Document | None = None
+    injected: list[bool] = dataclasses.field(default_factory=list)
+
+    @property
+    def policy_mask(self) -> list[bool]:
+        """Per response token, True where the policy decided it (everything but environment tokens)."""
+        return [not forced for forced in self.injected] if self.injected else [True] * len(self.response_ids)
 
     @property
     def done(self) -> bool:
@@ -92,7 +100,7 @@ class Rollout:
         """The rollout as tensors and plain values (on the CPU); its query as a `Query`'s fields."""
         if not isinstance(self.query, Query):
             raise TypeError(f"only zoo.rl.records.Query rollouts can be checkpointed, got {type(self.query)}")
-        return {
+        state = {
             "query": self.query.to_state(),
             "prompt_ids": list(self.prompt_ids),
             "response_ids": list(self.response_ids),
@@ -107,6 +115,9 @@ class Rollout:
             "group": self.group,
             "prompt_document": document_state(self.prompt_document),
         }
+        if self.injected:  # only rollouts an environment took part in (the form of older states otherwise)
+            state["injected"] = list(self.injected)
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> Rollout:
@@ -128,6 +139,7 @@ class Rollout:
             max_new_tokens=state["max_new_tokens"],
             group=int(state["group"]),
             prompt_document=document_from_state(state.get("prompt_document")),
+            injected=[bool(x) for x in state.get("injected", [])],
         )
 
 

@@ -11,6 +11,11 @@ finished rows leave the batch and queued rows join it at once (`KVCache.select` 
 each token recording the policy version that sampled it (slime/APRIL partial rollouts, ERNIE U-RB). Per
 decision it records l_inf and, per MoE layer, the chosen experts of every position (router replay).
 
+An `Environment` (`zoo.rl.envs.protocol`: a tool) may take part in text responses: after each token the
+engine asks it for a token it owes (a tool's result after the policy's call) and feeds that id in place of
+a sample, one a step like any other token (same cache, same routing record), marked `Rollout.injected`
+with l_inf 0.0; the loss leaves such tokens out (`zoo.rl.update`). Without an environment nothing changes.
+
 What a prompt asks for is its response kind's (`zoo.rl.responses`): text continues in the running batch;
 an image (NFSP, one step a scale) or speech (NCP, one step a frame, until END or `max_audio_frames`) is
 generated whole the step it is admitted, by the same loops as `zoo.models.media_generation`.
@@ -43,6 +48,7 @@ from zoo.rl.records import Rollout
 from zoo.rl.responses import RESPONSE_KINDS, ResponseKind, response_kind, rollout_batch
 
 if TYPE_CHECKING:
+    from zoo.rl.envs.protocol import Environment
     from zoo.rl.records import Query
 
 log = logging.getLogger(__name__)
@@ -100,6 +106,8 @@ class InferenceEngine:
         max_batch: most sequences decoded at once; the rest wait in order (None: no limit).
         seed: the sampling generator's seed.
         max_audio_frames: most codec frames of a speech response (prompts ending with `<boa>`).
+        environment: takes part in text responses (a tool answering calls; `zoo.rl.envs.protocol`); None:
+            every token is sampled.
     """
 
     def __init__(
@@ -115,6 +123,7 @@ class InferenceEngine:
         max_batch: int | None = None,
         seed: int = 0,
         max_audio_frames: int = 128,
+        environment: Environment | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -124,6 +133,7 @@ class InferenceEngine:
         if max_audio_frames < 1:
             raise ValueError(f"max_audio_frames must be >= 1, got {max_audio_frames}")
         self.max_audio_frames = max_audio_frames
+        self.environment = environment
         self.policy = PolicyCopy(model, precision)
         self.max_new_tokens = max_new_tokens
         self.record_routing, self.max_batch = record_routing, max_batch
@@ -395,14 +405,28 @@ class InferenceEngine:
         self.stats.row_steps += len(rows)
 
     def _sample(self, rows: list[_Row], logits: Tensor) -> None:
-        tokens = self.sampler.sample(logits)
-        logprobs = self.sampler.logprob(logits, tokens).tolist()
-        for row, token, logprob in zip(rows, tokens.tolist(), logprobs, strict=True):
+        """Each row's next token: sampled, or the one its environment owes it (l_inf 0.0, `injected`)."""
+        env = self.environment
+        forced = [None if env is None else env.forced_token(row.rollout) for row in rows]
+        free = [i for i, token in enumerate(forced) if token is None]
+        tokens: list[int | None] = list(forced)
+        logprobs = [0.0] * len(rows)
+        if free:
+            picked = logits if len(free) == len(rows) else logits[free]
+            sampled = self.sampler.sample(picked)
+            scores = self.sampler.logprob(picked, sampled).tolist()
+            for i, token, logprob in zip(free, sampled.tolist(), scores, strict=True):
+                tokens[i], logprobs[i] = token, logprob
+        for row, token, logprob, by_env in zip(rows, tokens, logprobs, forced, strict=True):
             r = row.rollout
             r.response_ids.append(token)
             r.versions.append(self.version)
             row.logprobs.append(logprob)
-            if token in self.stop_ids:
+            if by_env is not None and not r.injected:
+                r.injected = [False] * (len(r.response_ids) - 1)
+            if r.injected:
+                r.injected.append(by_env is not None)
+            if by_env is None and token in self.stop_ids:
                 r.finished = row.done = True
             elif len(r.response_ids) >= row.budget:
                 r.truncated = row.done = True

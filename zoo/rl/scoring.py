@@ -28,6 +28,7 @@ from zoo.rl.verifiers import VerifierPool, verifier_for
 
 if TYPE_CHECKING:
     from zoo.rl.engines import ScoringPool
+    from zoo.rl.envs.protocol import Environment
 
 
 @dataclass(frozen=True)
@@ -130,12 +131,13 @@ def respond(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     max_audio_frames: int = 128,
+    environment: Environment | None = None,
 ) -> list[object]:
     """What verifiers read from `model` (not an engine) for each prompt: the completion text (`decode` of
     the response ids) of unified-id or media prompts, the pixels (float `[3, H, W]` numpy) of prompts that
     ask for an image (NFSP, no guidance), the waveform (float numpy) of prompts that ask for speech (NCP,
     up to `max_audio_frames`). temperature 0 is greedy. Each kind generates its prompts together, media
-    kinds first (as the engine does)."""
+    kinds first (as the engine does). An `environment` (a tool) takes part in the text responses."""
     sampler = Sampler(temperature, top_k, top_p, generator)
     kinds = [response_kind(model, p) for p in prompts]
     outputs: list[object] = [None] * len(prompts)
@@ -143,7 +145,10 @@ def respond(
         picked = [i for i, k in enumerate(kinds) if k is kind]
         if picked:
             asked = [prompts[i] for i in picked]
-            said = kind.respond(model, asked, decode, max_new_tokens, sampler, max_audio_frames)
+            if kind is TEXT and environment is not None:
+                said = environment.respond(model, asked, decode, max_new_tokens, sampler)
+            else:
+                said = kind.respond(model, asked, decode, max_new_tokens, sampler, max_audio_frames)
             for i, output in zip(picked, said, strict=True):
                 outputs[i] = output
     return outputs

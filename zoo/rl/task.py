@@ -204,6 +204,7 @@ class RLTask(L.LightningModule):
             max_batch=c.max_batch,
             seed=self.run_seed,
             max_audio_frames=c.max_audio_frames,
+            environment=self.source.environment(),
         )
         self.engine = self.rollout_backend.build_engine(self.model, settings, self.version)
         if self._engine_rng is not None:
@@ -338,7 +339,7 @@ class RLTask(L.LightningModule):
         c, budget = self.rollout_config, self.scoring_config.val_max_new_tokens
         return respond(
             self.model, prompts, self.source.decode, budget, temperature, c.top_k, c.top_p, generator,
-            c.max_audio_frames,
+            c.max_audio_frames, self.source.environment(),
         )  # fmt: skip
 
     # -- optimisation and checkpoints -------------------------------------------------------------------

@@ -206,7 +206,8 @@ class PolicyUpdate:
             if replay:
                 plain = sequence_logprobs(self.model, rollouts, replay=False, temperature=temperature)
                 extra["mismatch_kl_without_replay"] = token_k3(plain, rollouts)
-        total_tokens = sum(len(r.response_ids) for r in rollouts)
+        # Tokens an environment fed (tool results) are no decisions of the policy: out of counts and masks.
+        total_tokens = sum(sum(r.policy_mask) for r in rollouts)
         total_sequences = len(rollouts)
         stats = LossStats()
         size = self.config.micro_batch_size
@@ -218,6 +219,8 @@ class PolicyUpdate:
                     self.model, micro, replay=replay, temperature=temperature, with_entropy=True
                 )
                 logp, mask = pad_sequences(logp_list)
+                policy, _ = pad_sequences([torch.tensor(r.policy_mask, device=logp.device) for r in micro])
+                mask = mask & policy.bool()
                 entropy, _ = pad_sequences(entropy_list)
                 old, _ = pad_sequences(logp_old[part])
                 inf, _ = pad_sequences([r.inf_logprobs.to(logp.device) for r in micro])
@@ -262,6 +265,8 @@ class PolicyUpdate:
 
 
 def token_k3(train: list[Tensor], rollouts: list[Rollout]) -> float:
-    """Token-mean k3 of KL(pi_inf || pi_train) on the sampled tokens."""
+    """Token-mean k3 of KL(pi_inf || pi_train) on the sampled tokens (environment tokens left out)."""
     d = torch.cat([t.float() for t in train]) - torch.cat([r.inf_logprobs.float() for r in rollouts])
+    sampled = torch.tensor([m for r in rollouts for m in r.policy_mask], dtype=torch.bool, device=d.device)
+    d = d[sampled]
     return float((torch.expm1(d) - d).mean()) if d.numel() else 0.0

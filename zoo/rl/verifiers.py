@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from zoo.rl.envs.instructions import verify_instructions, verify_instructions_all
+from zoo.rl.envs.tools import verify_tool_answer
 from zoo.rl.records import Query
 
 logger = logging.getLogger(__name__)
@@ -125,6 +127,10 @@ VERIFIERS: dict[str, Callable[[Query, Any], float]] = {
     "shapes_image": verify_shapes_image,
     "shapes_video": verify_shapes_video,
     "shapes_speech": verify_shapes_speech,
+    # Environments (zoo.rl.envs): format constraints (share satisfied / all of them), a calculator tool.
+    "instructions": verify_instructions,
+    "instructions_all": verify_instructions_all,
+    "tool_calc": verify_tool_answer,
 }
 
 

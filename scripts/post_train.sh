@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Post-training end to end on the tiny model (issue 18): pretraining, SFT, then the four RL stages, each stage
+# initialised from the previous one's output (`init_from` in its config):
+#
+#   1. pretraining   configs/demo/{visual_tokenizer,audio_codec,multimodal}.yaml  -> runs/demo/multimodal/latest/
+#   2. SFT           configs/sft/tiny.yaml (the SFT stage; from the pretraining)   -> runs/sft/tiny/latest/
+#   3. RL stage 1    configs/rl/stages/1_reasoning.yaml     (arithmetic chains)    -> runs/rl_stages/1_reasoning/latest/
+#      RL stage 2    configs/rl/stages/2_multimodal.yaml    (image / speech captions)
+#      RL stage 3    configs/rl/stages/3_instructions.yaml  (format constraints)
+#      RL stage 4    configs/rl/stages/4_tools.yaml         (a calculator inside the rollout)
+#
+# Usage (from the repository root; `make post-train` runs it with the project's virtualenv):
+#   scripts/post_train.sh                          # everything
+#   SKIP_PRETRAIN=1 scripts/post_train.sh          # reuse runs/demo/multimodal (e.g. after `make demo`)
+#   SKIP_PRETRAIN=1 SKIP_SFT=1 scripts/post_train.sh --trainer.max_steps=20   # RL stages only, shorter
+# Arguments after the script name go to every RL stage's `zoo fit`.
+set -euo pipefail
+ZOO=${ZOO:-zoo}
+cd "$(dirname "$0")/.."
+
+if [[ -z "${SKIP_PRETRAIN:-}" ]]; then
+  "$ZOO" fit --config configs/demo/visual_tokenizer.yaml
+  "$ZOO" fit --config configs/demo/audio_codec.yaml
+  "$ZOO" fit --config configs/demo/multimodal.yaml
+fi
+if [[ -z "${SKIP_SFT:-}" ]]; then
+  "$ZOO" fit --config configs/sft/tiny.yaml
+fi
+for stage in 1_reasoning 2_multimodal 3_instructions 4_tools; do
+  "$ZOO" fit --config "configs/rl/stages/$stage.yaml" "$@"
+done
