@@ -26,8 +26,8 @@ from zoo.rl.policy import Precision
 
 if TYPE_CHECKING:
     from zoo.models.unified import UnifiedModel
-    from zoo.rl.prompts import Prompt
     from zoo.rl.envs.protocol import Environment
+    from zoo.rl.prompts import Prompt
     from zoo.rl.records import Query, Rollout
     from zoo.rl.rollout import EngineStats, InferenceEngine
     from zoo.rl.verifiers import VerifierResult
