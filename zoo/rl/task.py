@@ -53,6 +53,7 @@ from zoo.rl.rollout import InferenceEngine
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.scoring import Scorer, ScoringConfig, respond, safe_verify
 from zoo.rl.update import OptimConfig, PolicyUpdate, UpdateConfig
+from zoo.tasks.optim import LRSchedulerCallable, OptimizerCallable
 from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
 
 warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
@@ -104,10 +105,14 @@ class RLTask(L.LightningModule):
         rollout: the inference engine's sampling and precision.
         hints: the AHRL schedule (`p_init` 0 disables hints).
         update: queries and responses per step, micro-batches, PPO epochs, router replay, the controls.
-        optim: the optimizer, and the parameters RL keeps frozen.
+        optim: the default optimizer, the gradient clip, and the parameters RL keeps frozen.
         scoring: the truncation policy, the verifier pool, the validation budget.
         init_from: starting weights: a `UnifiedPretraining` Lightning checkpoint or a hub directory
             (its tokenizer, if any, replaces the datamodule's). Read when the task is built.
+        optimizer: builds the optimizer from the trainable parameter groups (decayed matrices, undecayed
+            vectors), e.g. `{class_path: torch.optim.SGD, init_args: {lr: 1e-4}}`; None: `optim`'s AdamW.
+        lr_scheduler: builds the schedule from the optimizer, stepped every optimizer step; None: `optim`'s
+            linear warm-up to a constant rate.
     """
 
     def __init__(
@@ -121,6 +126,8 @@ class RLTask(L.LightningModule):
         optim: OptimConfig = OptimConfig(),
         scoring: ScoringConfig = ScoringConfig(),
         init_from: str | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
@@ -130,6 +137,8 @@ class RLTask(L.LightningModule):
         self.loss_config, self.rollout_config, self.hint_schedule = loss, rollout, hints
         self.update_config, self.optim_config, self.scoring_config = update, optim, scoring
         optim.freeze(model)
+        optim.refuse_replaced(optimizer, lr_scheduler)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.hint_controller = HintController(hints)
         self.version = 0
         self.init_tokenizer = None
@@ -333,7 +342,9 @@ class RLTask(L.LightningModule):
 
     # -- optimisation and checkpoints -------------------------------------------------------------------
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        optimizer, scheduler = self.optim_config.optimizer(self.model)
+        optimizer, scheduler = self.optim_config.optimizer(
+            self.model, self.optimizer_callable, self.lr_scheduler_callable
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

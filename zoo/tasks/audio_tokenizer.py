@@ -29,7 +29,13 @@ import torchaudio
 from torch import Tensor, nn
 
 from zoo.config import save_config_hyperparameters
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import AudioTeacher
 from zoo.weights import save_weights_file
@@ -224,6 +230,10 @@ class AudioTokenizerTask(L.LightningModule):
         segment_seconds: train on a random window of this length from each clip (whole clips when None or
             longer; validation always sees whole clips). Rounded to whole frames.
         num_logged_samples: audio clips written to TensorBoard per validation.
+        optimizer: builds the optimizer from one group (the codec and the distillation projection, no
+            weight decay); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -246,9 +256,15 @@ class AudioTokenizerTask(L.LightningModule):
         min_lr_ratio: float = 1.0,
         segment_seconds: float | None = None,
         num_logged_samples: int = 2,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        refuse_replaced_arguments(AudioTokenizerTask, "optimizer", optimizer, {"lr": lr, "betas": betas})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(AudioTokenizerTask, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         if distill_loss not in ("d_axis", "t_axis"):
             raise ValueError(f"distill_loss must be 'd_axis' or 't_axis', got {distill_loss!r}")
         self.codec = codec
@@ -425,6 +441,9 @@ class AudioTokenizerTask(L.LightningModule):
         params = [p for p in self.codec.parameters() if p.requires_grad]
         if self.distill_proj is not None:
             params += list(self.distill_proj.parameters())
-        optimizer = torch.optim.AdamW(params, lr=self.lr, betas=self.betas, weight_decay=0.0)
+        groups = [{"params": params, "weight_decay": 0.0}]
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr, betas=self.betas)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, max(1, self.warmup_steps), total, self.min_lr_ratio)
+        schedule, warmup = self.lr_scheduler_callable, max(1, self.warmup_steps)
+        return lightning_optimizers(optimizer, schedule, warmup, total, self.min_lr_ratio)

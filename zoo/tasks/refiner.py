@@ -26,7 +26,13 @@ from torch import Tensor, nn
 
 from zoo.config import Configurable, save_config_hyperparameters
 from zoo.models.refiner import DiffusionRefiner
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.weights import save_weights_file
 
@@ -176,6 +182,10 @@ class RefinerTraining(L.LightningModule):
         psnr_batches: validation batches that are refined for PSNR (sampling costs `val_steps` UNet calls).
         num_samples: images in the validation comparison grid.
         seed: seeds the validation noise, so that validations are comparable.
+        optimizer: builds the optimizer from the refiner's parameters (one group, decayed by
+            `weight_decay`); None: AdamW with `lr` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -190,9 +200,15 @@ class RefinerTraining(L.LightningModule):
         psnr_batches: int = 1,
         num_samples: int = 8,
         seed: int = 0,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        refuse_replaced_arguments(RefinerTraining, "optimizer", optimizer, {"lr": lr})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(RefinerTraining, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.refiner = refiner
         self.degradation = degradation.requires_grad_(False)
         self.lr, self.weight_decay = lr, weight_decay
@@ -272,6 +288,9 @@ class RefinerTraining(L.LightningModule):
             save_weights_file(self.refiner, Path(self.trainer.default_root_dir) / REFINER_FILE)
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        optimizer = torch.optim.AdamW(self.refiner.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        groups = [{"params": list(self.refiner.parameters()), "weight_decay": self.weight_decay}]
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
+        schedule = self.lr_scheduler_callable
+        return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)

@@ -30,7 +30,14 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from zoo.config import Configurable, save_config_hyperparameters
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    decay_groups,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
 from zoo.weights import save_weights_file
@@ -130,7 +137,7 @@ class AdversarialLoss(Configurable, nn.Module):
         discriminator: the discriminator network.
         weight: multiplier of the generator's term.
         start_step: global step from which both terms are used.
-        lr: learning rate of the discriminator (its own AdamW parameter group).
+        lr: learning rate of the discriminator (its own parameter group, whatever the optimizer).
     """
 
     def __init__(
@@ -173,6 +180,10 @@ class VisualTokenizerTraining(L.LightningModule):
         init_from_2d: a 2D tokenizer's .safetensors (same channels and quantiser) to inflate into this 3D
             tokenizer when fit starts (not at construction, so configs parse without the file).
         image_log_every_n_epochs: how often the validation image grid is logged (0: never).
+        optimizer: builds the optimizer from the parameter groups (decayed kernels, undecayed vectors, the
+            discriminator at its own lr); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -189,9 +200,16 @@ class VisualTokenizerTraining(L.LightningModule):
         min_lr_ratio: float = 0.05,
         init_from_2d: str | None = None,
         image_log_every_n_epochs: int = 1,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        cls = VisualTokenizerTraining
+        refuse_replaced_arguments(cls, "optimizer", optimizer, {"lr": lr, "betas": betas})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(cls, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.tokenizer = tokenizer
         self.reconstruction = reconstruction if reconstruction is not None else ReconstructionLoss()
         self.perceptual = perceptual
@@ -311,14 +329,7 @@ class VisualTokenizerTraining(L.LightningModule):
     # --- optimiser, output -----------------------------------------------------------------------------
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        decay, no_decay = [], []
-        for p in self.tokenizer.parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": self.weight_decay, "lr": self.lr},
-            {"params": no_decay, "weight_decay": 0.0, "lr": self.lr},
-        ]
+        groups = decay_groups(self.tokenizer.parameters(), self.weight_decay)
         if self.adversarial is not None:
             groups.append(
                 {
@@ -327,9 +338,11 @@ class VisualTokenizerTraining(L.LightningModule):
                     "lr": self.adversarial.lr,
                 }
             )
-        optimizer = torch.optim.AdamW(groups, betas=self.betas)
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr, betas=self.betas)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
+        schedule = self.lr_scheduler_callable
+        return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)
 
     def on_fit_end(self) -> None:
         if self.trainer.is_global_zero:
