@@ -17,7 +17,8 @@ Its arguments come in typed groups, each a frozen dataclass a YAML names by key:
 (`PolicyLossConfig`), `rollout` (`RolloutConfig`, the engine's sampling), `hints` (`HintSchedule`, AHRL),
 `update` (`UpdateConfig`: batch and update), `optim` (`OptimConfig`), `scoring` (`ScoringConfig`).
 
-Validation generates on held-out queries with the trained model (`zoo.rl.scoring.respond`):
+Validation and test (`zoo validate`, `zoo test`: `val/...`, `test/...`) generate on the held-out queries with
+the trained model (`zoo.rl.scoring.respond`):
 `val/accuracy` (greedy) and `val/accuracy_sampled` (sampled as the engine samples, fixed seed per batch),
 with `val/reward...` beside them (graded rewards such as caption attribute accuracy) and, when the
 held-out queries span several verifier tasks (image, speech and video captions), each task's under
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 from torch import Tensor
+from torchmetrics import MeanMetric
 
 from zoo.config import save_config_hyperparameters
 from zoo.models.unified import UnifiedModel
@@ -53,6 +55,7 @@ from zoo.rl.rollout import InferenceEngine
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.scoring import Scorer, ScoringConfig, respond, safe_verify
 from zoo.rl.update import OptimConfig, PolicyUpdate, UpdateConfig
+from zoo.tasks.metrics import split_metrics
 from zoo.tasks.optim import LRSchedulerCallable, OptimizerCallable
 from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
 
@@ -191,6 +194,8 @@ class RLTask(L.LightningModule):
             source.use_tokenizer(self.init_tokenizer)
         source.ensure_tokenizer()
         source.hints = self.hint_controller if self.hint_schedule.enabled else None
+        if not hasattr(self, "eval_metrics"):  # setup runs again for `zoo test` after `fit`
+            self._make_eval_metrics()
 
     def on_fit_start(self) -> None:
         # Sample (and score) only text ids the tokenizer decodes, in the engine and the trainer alike.
@@ -307,29 +312,51 @@ class RLTask(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         lr_scheduler.step()
 
-    # -- validation ------------------------------------------------------------------------------------
+    # -- validation and test ---------------------------------------------------------------------------
+    def _eval_tasks(self) -> list[str]:
+        return sorted({q.task for q in self.source.heldout_queries()})
+
+    def _make_eval_metrics(self) -> None:
+        """Means over the whole held-out set, on every rank (torchmetrics): the reward and accuracy, greedy
+        and sampled, overall and (when the held-out queries span several verifier tasks) per task."""
+        tasks = self._eval_tasks()
+        prefixes = ["", *(f"{t}/" for t in tasks)] if len(tasks) > 1 else [""]
+        kinds = [f"{kind}{how}" for kind in ("reward", "accuracy") for how in ("", "_sampled")]
+        names = [f"{prefix}{kind}" for prefix in prefixes for kind in kinds]
+        self.eval_metrics = split_metrics(names, MeanMetric)
+
     @torch.no_grad()
-    def validation_step(self, batch: list, batch_idx: int) -> None:
+    def _evaluate(self, batch: list, batch_idx: int, split: str) -> None:
         source = self.source
         prompts = [source.base_prompt(q) for q in batch]
         greedy = self._respond(prompts, temperature=0.0)
         # Also sampled as the engine samples (what the RL objective optimises), with a fixed seed per batch.
         generator = torch.Generator(self.device).manual_seed(batch_idx)
         sampled = self._respond(prompts, self.rollout_config.temperature, generator)
-        tasks = sorted({q.task for q in source.heldout_queries()})
-        for name, outputs in (("", greedy), ("_sampled", sampled)):
+        tasks = self._eval_tasks()
+        for how, outputs in (("", greedy), ("_sampled", sampled)):
             rewards = torch.tensor([safe_verify(q, out) for q, out in zip(batch, outputs, strict=True)])
-            self._log_rewards("val", name, rewards, prog_bar=not name)
+            self._log_rewards(split, "", how, rewards, prog_bar=not how)
             if len(tasks) > 1:
                 for task in tasks:
                     picked = [i for i, q in enumerate(batch) if q.task == task]
                     if picked:
-                        self._log_rewards(f"val/{task}", name, rewards[picked])
+                        self._log_rewards(split, f"{task}/", how, rewards[picked])
 
-    def _log_rewards(self, prefix: str, name: str, rewards: Tensor, prog_bar: bool = False) -> None:
-        self.log(f"{prefix}/reward{name}", rewards.mean(), batch_size=len(rewards))
-        accuracy = (rewards >= 1.0).float().mean()
-        self.log(f"{prefix}/accuracy{name}", accuracy, batch_size=len(rewards), prog_bar=prog_bar)
+    def validation_step(self, batch: list, batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def test_step(self, batch: list, batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
+
+    def _log_rewards(self, split: str, task: str, how: str, rewards: Tensor, prog_bar: bool = False) -> None:
+        values = {"reward": rewards, "accuracy": (rewards >= 1.0).float()}
+        for kind, value in values.items():
+            name = f"{task}{kind}{how}"
+            metric = self.eval_metrics[f"{split}__{name}"]
+            metric.update(value.to(self.device))
+            shown = prog_bar and kind == "accuracy"
+            self.log(f"{split}/{name}", metric, batch_size=len(rewards), prog_bar=shown)
 
     def _respond(
         self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None

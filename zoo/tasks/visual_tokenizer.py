@@ -10,11 +10,12 @@ optional, swappable terms, each a component chosen by `class_path` in YAML (null
   optimiser step: the generator's term sees the discriminator through detached parameters, so it cannot
   move them, and the discriminator's term sees detached reconstructions.
 
-Videos are handled frame by frame by both optional terms. Validation logs PSNR per number of scales
-decoded, codebook usage and perplexity per scale, and a grid of originals over reconstructions from
-1..K scales (TensorBoard `add_image`). At the end of fit the tokenizer is written to
-`<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from a 2D one by inflation
-(`init_from_2d`, read at the start of fit).
+Videos are handled frame by frame by both optional terms. Validation and test (`zoo validate`, `zoo test`:
+`val/...`, `test/...`) log PSNR per number of scales decoded and SSIM (torchmetrics, zoo/tasks/metrics.py),
+codebook usage and perplexity per scale, and rFID when its weights are given; validation also logs a grid of
+originals over reconstructions from 1..K scales (TensorBoard `add_image`). At the end of fit the tokenizer is
+written to `<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from a 2D one by
+inflation (`init_from_2d`, read at the start of fit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from zoo.config import Configurable, save_config_hyperparameters
+from zoo.tasks.metrics import ImagePSNR, ImageSSIM, per_image_psnr, rfid_metric, split_metrics, update_rfid
 from zoo.tasks.optim import (
     LRSchedulerCallable,
     OptimizerCallable,
@@ -38,13 +40,18 @@ from zoo.tasks.optim import (
     lightning_optimizers,
     refuse_replaced_arguments,
 )
-from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
+from zoo.tokenizers.visual import VisualTokenizer, per_frame
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
 from zoo.weights import save_weights_file
 
 warnings.filterwarnings("ignore", message="Attribute '(tokenizer|reconstruction|perceptual|adversarial)'")
 
 WEIGHTS_NAME = "visual_tokenizer.safetensors"
+
+
+def first_frames(pixels: Tensor) -> Tensor:
+    """Images [B, 3, H, W] as they are; of clips [B, 3, T, H, W], the first frame of each."""
+    return pixels[:, :, 0] if pixels.dim() == 5 else pixels
 
 
 class ReconstructionLoss(Configurable, nn.Module):
@@ -180,6 +187,9 @@ class VisualTokenizerTraining(L.LightningModule):
         init_from_2d: a 2D tokenizer's .safetensors (same channels and quantiser) to inflate into this 3D
             tokenizer when fit starts (not at construction, so configs parse without the file).
         image_log_every_n_epochs: how often the validation image grid is logged (0: never).
+        rfid_weights: a local copy of the FID Inception weights (`pt_inception-2015-12-05-6726825d.pth`):
+            validation and test then log `rfid` of the (first frames of the) reconstructions. None (default):
+            no rFID; nothing is ever downloaded.
         optimizer: builds the optimizer from the parameter groups (decayed kernels, undecayed vectors, the
             discriminator at its own lr); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
@@ -200,6 +210,7 @@ class VisualTokenizerTraining(L.LightningModule):
         min_lr_ratio: float = 0.05,
         init_from_2d: str | None = None,
         image_log_every_n_epochs: int = 1,
+        rfid_weights: str | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -220,6 +231,11 @@ class VisualTokenizerTraining(L.LightningModule):
         self.image_log_every_n_epochs = image_log_every_n_epochs
         self._val_codes: list[list[Tensor]] = []
         self._val_images: Tensor | None = None
+        names = ["psnr", *(f"psnr_scales_{m}" for m in range(1, len(tokenizer.scales) + 1))]
+        self.eval_metrics = split_metrics(names, ImagePSNR)
+        self.eval_metrics.update(split_metrics(["ssim"], lambda: ImageSSIM(tokenizer.image_size)))
+        # Off by default: the Inception weights are never downloaded (zoo/tasks/metrics.py).
+        self.rfid = None if rfid_weights is None else rfid_metric(rfid_weights)
 
     # --- setup ---------------------------------------------------------------------------------------
 
@@ -269,17 +285,14 @@ class VisualTokenizerTraining(L.LightningModule):
                 f"non-finite tokenizer loss ({loss.item()}) at global step {self.global_step}; "
                 "training stopped before updating the weights"
             )
-        logs["train/psnr"] = psnr(rec.detach(), pixels).mean()
+        logs["train/psnr"] = per_image_psnr(rec.detach(), pixels).mean()
         self.log_dict({k: v.detach() for k, v in logs.items()}, on_step=True, batch_size=pixels.shape[0])
         self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=pixels.shape[0])
         return loss
 
-    # --- validation: PSNR per scales decoded, codebook usage, images ---------------------------------
+    # --- validation and test: PSNR per scales decoded, SSIM, codebook usage, images ------------------
 
-    def on_validation_epoch_start(self) -> None:
-        self._val_codes, self._val_images = [], None
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def _evaluate(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
         pixels = self._pixels(batch)
         tok = self.tokenizer
         codes = tok.encode(pixels)
@@ -287,28 +300,58 @@ class VisualTokenizerTraining(L.LightningModule):
         decodes = []
         for m in range(1, len(tok.scales) + 1):
             rec = tok.decode(codes[:m])
-            self.log(f"val/psnr_scales_{m}", psnr(rec, pixels).mean(), batch_size=b, sync_dist=True)
+            metric = self.eval_metrics[f"{split}__psnr_scales_{m}"]
+            metric.update(rec, pixels)
+            self.log(f"{split}/psnr_scales_{m}", metric, batch_size=b)
             decodes.append(rec)
-        self.log("val/psnr", psnr(decodes[-1], pixels).mean(), prog_bar=True, batch_size=b, sync_dist=True)
+        full = self.eval_metrics[f"{split}__psnr"]
+        full.update(decodes[-1], pixels)
+        self.log(f"{split}/psnr", full, prog_bar=True, batch_size=b)
+        ssim = self.eval_metrics[f"{split}__ssim"]
+        ssim.update(decodes[-1], pixels)
+        self.log(f"{split}/ssim", ssim, batch_size=b)
+        if self.rfid is not None:
+            update_rfid(self.rfid, first_frames(decodes[-1]), first_frames(pixels))
         self._val_codes.append([c.cpu() for c in codes])
-        if batch_idx == 0:
+        if batch_idx == 0 and split == "val":
             n = min(8, b)
-            first = (lambda v: v[:n, :, 0]) if pixels.dim() == 5 else (lambda v: v[:n])
-            self._val_images = torch.cat([first(pixels)] + [first(d) for d in decodes]).cpu()
+            shown = [first_frames(v)[:n] for v in (pixels, *decodes)]
+            self._val_images = torch.cat(shown).cpu()
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_codes, self._val_images = [], None
+
+    def on_test_epoch_start(self) -> None:
+        self._val_codes, self._val_images = [], None
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
 
     def on_validation_epoch_end(self) -> None:
+        self._log_codebook("val")
+        self._log_images()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_codebook("test")
+
+    def _log_codebook(self, split: str) -> None:
+        if self.rfid is not None:
+            self.log(f"{split}/rfid", self.rfid.compute())
+            self.rfid.reset()
         if not self._val_codes:
             return
         size = self.tokenizer.codebook_size
         per_scale = [torch.cat(c) for c in zip(*self._val_codes, strict=True)]
         for k, codes in enumerate(per_scale):
             usage, perplexity = usage_statistics(codes, size)
-            self.log(f"val/codebook_usage_scale_{k + 1}", usage)
-            self.log(f"val/perplexity_scale_{k + 1}", perplexity)
+            self.log(f"{split}/codebook_usage_scale_{k + 1}", usage)
+            self.log(f"{split}/perplexity_scale_{k + 1}", perplexity)
         usage, perplexity = usage_statistics(torch.cat([c.flatten() for c in per_scale]), size)
-        self.log("val/codebook_usage", usage, prog_bar=True)
-        self.log("val/perplexity", perplexity)
-        self._log_images()
+        self.log(f"{split}/codebook_usage", usage, prog_bar=True)
+        self.log(f"{split}/perplexity", perplexity)
 
     def _log_images(self) -> None:
         every = self.image_log_every_n_epochs
