@@ -94,7 +94,9 @@ def test_rfid_and_lpips_name_the_missing_weight_file_and_download_nothing(tmp_pa
     assert not any(tmp_path.iterdir()), "nothing was fetched into the folder"
 
 
-def test_the_visual_tokenizer_task_has_no_rfid_unless_given_weights_and_names_a_missing_file(tmp_path: Path):
+def test_the_visual_tokenizer_task_has_no_rfid_or_lpips_unless_given_weights_and_names_a_missing_file(
+    tmp_path: Path,
+):
     from zoo.tasks.visual_tokenizer import VisualTokenizerTraining
     from zoo.tokenizers.visual import VisualTokenizer
     from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer
@@ -103,6 +105,9 @@ def test_the_visual_tokenizer_task_has_no_rfid_unless_given_weights_and_names_a_
         quantizer = MultiScaleQuantizer(dim=8, codebook_size=16, scales=(1, 2, 4, 8))
         return VisualTokenizer(image_size=16, channels=(8, 16), quantizer=quantizer)
 
-    assert VisualTokenizerTraining(tokenizer()).rfid is None
+    task = VisualTokenizerTraining(tokenizer())
+    assert task.rfid is None and task.lpips is None
     with pytest.raises(FileNotFoundError, match="inception.pth"):
         VisualTokenizerTraining(tokenizer(), rfid_weights=str(tmp_path / "inception.pth"))
+    with pytest.raises(FileNotFoundError, match="alexnet-owt"):
+        VisualTokenizerTraining(tokenizer(), lpips_torch_home=str(tmp_path))

@@ -14,10 +14,10 @@ None keeps the task's own recipe: AdamW with the task's `lr` and `betas`, and th
 The task still owns its parameter groups (no weight decay on norms and biases, a separate learning rate for a
 discriminator, ...): the callable receives the groups, so a swapped optimizer keeps them. Each group carries
 its `weight_decay` (the task's `weight_decay` on matrices, 0 on vectors), which takes precedence over the
-optimizer's own `weight_decay` argument, as torch gives a group's settings precedence over the defaults. Arguments of the
-default recipe do nothing once the callable replaces it; one changed from its default is refused by name
-rather than silently ignored (`refuse_replaced_arguments`). A given schedule is stepped every optimizer step,
-as the default is (runs are step-limited).
+optimizer's own `weight_decay` argument, as torch gives a group's settings precedence over the defaults.
+Arguments of the default recipe do nothing once the callable replaces it; one changed from its default is
+refused by name rather than silently ignored (`refuse_replaced_arguments`). A given schedule is stepped every
+optimizer step, as the default is (runs are step-limited).
 
 Which classes a YAML may name is `zoo/trust.py`'s allow-list (torch.optim and torchao.optim).
 """

@@ -12,10 +12,10 @@ optional, swappable terms, each a component chosen by `class_path` in YAML (null
 
 Videos are handled frame by frame by both optional terms. Validation and test (`zoo validate`, `zoo test`:
 `val/...`, `test/...`) log PSNR per number of scales decoded and SSIM (torchmetrics, zoo/tasks/metrics.py),
-codebook usage and perplexity per scale, and rFID when its weights are given; validation also logs a grid of
-originals over reconstructions from 1..K scales (TensorBoard `add_image`). At the end of fit the tokenizer is
-written to `<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from a 2D one by
-inflation (`init_from_2d`, read at the start of fit).
+codebook usage and perplexity per scale, and rFID and LPIPS when their weights are given; validation also
+logs a grid of originals over reconstructions from 1..K scales (TensorBoard `add_image`). At the end of fit
+the tokenizer is written to `<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from
+a 2D one by inflation (`init_from_2d`, read at the start of fit).
 """
 
 from __future__ import annotations
@@ -31,7 +31,15 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from zoo.config import Configurable, save_config_hyperparameters
-from zoo.tasks.metrics import ImagePSNR, ImageSSIM, per_image_psnr, rfid_metric, split_metrics, update_rfid
+from zoo.tasks.metrics import (
+    ImagePSNR,
+    ImageSSIM,
+    lpips_metric,
+    per_image_psnr,
+    rfid_metric,
+    split_metrics,
+    update_rfid,
+)
 from zoo.tasks.optim import (
     LRSchedulerCallable,
     OptimizerCallable,
@@ -190,6 +198,9 @@ class VisualTokenizerTraining(L.LightningModule):
         rfid_weights: a local copy of the FID Inception weights (`pt_inception-2015-12-05-6726825d.pth`):
             validation and test then log `rfid` of the (first frames of the) reconstructions. None (default):
             no rFID; nothing is ever downloaded.
+        lpips_torch_home: a torch hub folder already holding torchvision's AlexNet weights
+            (`hub/checkpoints/alexnet-owt-7be5be79.pth`): validation and test then log `lpips` (torchmetrics'
+            LPIPS) of the (first frames of the) reconstructions. None (default): no LPIPS.
         optimizer: builds the optimizer from the parameter groups (decayed kernels, undecayed vectors, the
             discriminator at its own lr); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
@@ -211,6 +222,7 @@ class VisualTokenizerTraining(L.LightningModule):
         init_from_2d: str | None = None,
         image_log_every_n_epochs: int = 1,
         rfid_weights: str | None = None,
+        lpips_torch_home: str | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -235,7 +247,11 @@ class VisualTokenizerTraining(L.LightningModule):
         self.eval_metrics = split_metrics(names, ImagePSNR)
         self.eval_metrics.update(split_metrics(["ssim"], lambda: ImageSSIM(tokenizer.image_size)))
         # Off by default: the Inception weights are never downloaded (zoo/tasks/metrics.py).
-        self.rfid = None if rfid_weights is None else rfid_metric(rfid_weights)
+        # Plain attributes, not submodules: the metrics' pretrained networks stay out of the checkpoint (a
+        # run with the metric and one without save the same state); they follow the task's device on use.
+        object.__setattr__(self, "rfid", None if rfid_weights is None else rfid_metric(rfid_weights))
+        lpips = None if lpips_torch_home is None else lpips_metric(lpips_torch_home)
+        object.__setattr__(self, "lpips", lpips)
 
     # --- setup ---------------------------------------------------------------------------------------
 
@@ -311,7 +327,9 @@ class VisualTokenizerTraining(L.LightningModule):
         ssim.update(decodes[-1], pixels)
         self.log(f"{split}/ssim", ssim, batch_size=b)
         if self.rfid is not None:
-            update_rfid(self.rfid, first_frames(decodes[-1]), first_frames(pixels))
+            update_rfid(self.rfid.to(self.device), first_frames(decodes[-1]), first_frames(pixels))
+        if self.lpips is not None:
+            self.lpips.to(self.device).update(first_frames(decodes[-1]).clamp(-1, 1), first_frames(pixels))
         self._val_codes.append([c.cpu() for c in codes])
         if batch_idx == 0 and split == "val":
             n = min(8, b)
@@ -338,9 +356,11 @@ class VisualTokenizerTraining(L.LightningModule):
         self._log_codebook("test")
 
     def _log_codebook(self, split: str) -> None:
-        if self.rfid is not None:
-            self.log(f"{split}/rfid", self.rfid.compute())
-            self.rfid.reset()
+        for name in ("rfid", "lpips"):
+            metric = getattr(self, name)
+            if metric is not None:
+                self.log(f"{split}/{name}", metric.compute())  # torchmetrics syncs the ranks' states first
+                metric.reset()
         if not self._val_codes:
             return
         size = self.tokenizer.codebook_size
