@@ -65,3 +65,29 @@ def test_zoo_validate_and_zoo_test_log_the_same_figures_under_val_and_test(
         assert all(math.isfinite(v) or v == math.inf for v in logged[split].values()), logged[split]
     # The splits are different data (ShapesWorld's test scenes hold out colour-shape pairs), figures alike.
     assert set(logged["val"]) == set(logged["test"])
+
+
+def test_a_manifest_datamodule_tests_on_its_test_manifest_and_names_the_missing_one(tmp_path: Path):
+    import json
+
+    from zoo.datamodules.media_data import ManifestMediaDataModule
+    from zoo.media import save_png
+    from zoo.world.render import render_image
+    from zoo.world.scenes import ShapesWorld
+
+    world = ShapesWorld(seed=0)
+    for split in ("train", "test"):
+        lines = []
+        for i in range(2):
+            scene = world.scene(i, split)
+            save_png(render_image(scene, 16), tmp_path / f"{split}{i}.png")
+            lines.append(json.dumps({"image": f"{split}{i}.png", "text": world.caption(scene)}))
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    data = ManifestMediaDataModule(str(tmp_path / "train.jsonl"), size=16, batch_size=2,
+                                   test_manifest=str(tmp_path / "test.jsonl"))  # fmt: skip
+    data.setup("test")
+    batch = next(iter(data.test_dataloader()))
+    assert batch["text"] == [world.caption(world.scene(i, "test")) for i in range(2)]
+    without = ManifestMediaDataModule(str(tmp_path / "train.jsonl"), size=16)
+    with pytest.raises(ValueError, match="no test split: give data.init_args.test_manifest"):
+        without.setup("test")
