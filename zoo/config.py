@@ -82,6 +82,11 @@ def to_config(value: Any) -> Any:
         for name, arg in value.init_args.items():
             init_args[name] = to_config(getattr(value, name) if arg is FROM_ATTRIBUTE else arg)
         return {"class_path": class_path(value), "init_args": init_args}
+    if isinstance(value, functools.partial) and (cls := _bound_class(value)) is not None:
+        # A class with keyword arguments bound (a task's `optimizer`, `lr_scheduler`): the YAML spelling
+        # LightningCLI gives the same callable.
+        init_args = {k: to_config(v) for k, v in value.keywords.items()}
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
     if is_dataclass(value) and not isinstance(value, type):
         return {k: to_config(v) for k, v in asdict(value).items()}
     if isinstance(value, (list, tuple)):
@@ -90,7 +95,21 @@ def to_config(value: Any) -> Any:
         return {k: to_config(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if callable(value):
+        raise TypeError(
+            f"cannot express the callable {value!r} as configuration; give a class with its keyword arguments"
+            " bound, functools.partial(torch.optim.SGD, lr=0.1), or its YAML {class_path, init_args}"
+        )
     raise TypeError(f"cannot express {type(value).__name__} as configuration; make it Configurable")
+
+
+def _bound_class(value: functools.partial) -> type | None:
+    """The class a partial builds with keyword arguments only: `partial(cls, **kw)` (Python), or
+    jsonargparse's `partial(call, instantiator, cls, **kw)` (a callable-typed argument parsed from YAML)."""
+    if isinstance(value.func, type):
+        return None if value.args else value.func
+    from_parser = getattr(value.func, "__module__", "").startswith("jsonargparse")
+    return value.args[-1] if from_parser and value.args and isinstance(value.args[-1], type) else None
 
 
 def save_config_hyperparameters(module: Any) -> None:

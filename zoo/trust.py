@@ -10,11 +10,14 @@ is imported, in two tiers:
 - A YAML file or a command-line flag is the user's own, but may still arrive from elsewhere (a shared
   config). jsonargparse enforces an allow-list of import paths for every value it parses
   (`enforce_import_allowlist`): the zoo, Lightning's callbacks, loggers, strategies, plugins, profilers and
-  accelerators, and torch's optimisers and schedules. A user's own module is added by naming it in the
+  accelerators, and the optimisers and schedules of torch (`torch.optim`) and torchao (`torchao.optim`). A
+  user's own module is added by naming it in the
   environment variable `ZOO_ALLOW_IMPORTS` (comma-separated dotted prefixes, e.g. `my_callbacks,lab.tools`).
 
 Lightning's own anchor is `lightning.pytorch.core.saving._ALLOWED_INSTANTIATORS`, the instantiators a
-checkpoint may name; `check_checkpoint_classes` accepts exactly those.
+checkpoint may name; `check_checkpoint_classes` accepts exactly those. Besides zoo classes, a checkpoint may
+name the optimiser and schedule a task was configured with (`zoo/tasks/optim.py`): an `Optimizer` or
+`LRScheduler` subclass defined under `torch.optim` or `torchao.optim` (`optimizer_class`).
 """
 
 from __future__ import annotations
@@ -39,11 +42,16 @@ ALLOWED_IMPORTS = (
     "lightning.fabric.plugins",
     "lightning.fabric.accelerators",
     "torch.optim",
+    "torchao.optim",
 )
+
+# The packages whose optimisers and schedules a checkpoint may name (a task's `optimizer`, `lr_scheduler`).
+OPTIMIZER_PACKAGES = ("torch.optim", "torchao.optim")
 
 # A dotted path of identifiers under the `zoo` package; checked before anything is imported.
 _ZOO_PATH = re.compile(r"zoo(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_OPTIM_PATH = re.compile(r"(torch|torchao)\.optim(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _CLASS_KEYS = ("class_path", "_class_path")
 
 
@@ -75,16 +83,52 @@ def zoo_class(class_path: object, where: str = "config") -> type:
     return cls
 
 
+def optimizer_class(class_path: str, where: str = "checkpoint") -> type:
+    """The optimiser or schedule class `class_path` names under `torch.optim` or `torchao.optim` (any of their
+    modules, as jsonargparse may spell the canonical path); `UnsafeConfigError` for anything else. Only
+    modules of those two packages are imported, after the textual check."""
+    import torch
+
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UnsafeConfigError(
+            f"{where}: refusing class_path {class_path!r}: no module {module_name!r}"
+        ) from err
+    cls = getattr(module, name, None)
+    kinds = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+    defined_in = getattr(cls, "__module__", "")
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, kinds)
+        and any(defined_in == p or defined_in.startswith(p + ".") for p in OPTIMIZER_PACKAGES)
+    ):
+        raise UnsafeConfigError(
+            f"{where}: refusing class_path {class_path!r}: not an optimizer or learning-rate schedule of "
+            f"{' or '.join(OPTIMIZER_PACKAGES)}"
+        )
+    return cls
+
+
+def checkpoint_class(class_path: object, where: str) -> type:
+    """A class a checkpoint may name: a zoo class, or a torch / torchao optimiser or schedule."""
+    if isinstance(class_path, str) and _OPTIM_PATH.fullmatch(class_path):
+        return optimizer_class(class_path, where)
+    return zoo_class(class_path, where)
+
+
 def check_checkpoint_classes(tree: Any, where: str) -> None:
-    """Refuse a checkpoint's hyper-parameters that name anything but zoo classes (or Lightning's allowed
-    instantiators), importing nothing outside `zoo.`. Walks nested dicts and lists."""
+    """Refuse a checkpoint's hyper-parameters that name anything but zoo classes, torch / torchao optimisers
+    and schedules (`checkpoint_class`) or Lightning's allowed instantiators, importing nothing outside those
+    packages. Walks nested dicts and lists."""
     from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS
 
     if isinstance(tree, Mapping):
         for key, value in tree.items():
             here = f"{where}.{key}"
             if key in _CLASS_KEYS:
-                zoo_class(value, here)
+                checkpoint_class(value, here)
             elif key == "_instantiator":
                 if value not in _ALLOWED_INSTANTIATORS:
                     raise UnsafeConfigError(f"{here}: refusing instantiator {value!r}")

@@ -242,6 +242,7 @@ class ManifestMediaDataModule(L.LightningDataModule):
         batch_size: samples per batch.
         num_workers: dataloader workers.
         seed: shuffling seed.
+        test_manifest: jsonl file of test samples (`zoo test`); None: the module has no test split.
     """
 
     def __init__(
@@ -255,6 +256,7 @@ class ManifestMediaDataModule(L.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        test_manifest: str | None = None,
     ) -> None:
         super().__init__()
         if kind not in ("image", "video", "audio", "speech"):
@@ -263,18 +265,26 @@ class ManifestMediaDataModule(L.LightningDataModule):
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         self.kind = "audio" if kind == "speech" else kind
         self.train_manifest, self.val_manifest = train_manifest, val_manifest
+        self.test_manifest = test_manifest
         self.size, self.frames, self.sample_rate = size, frames, sample_rate
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self._samples: dict[str, list[dict]] = {}
         self._loader_fn = _ManifestLoader(self.kind, size, frames, sample_rate)
 
     def samples(self, split: str) -> list[dict]:
-        """The manifest lines of "train" or "val" (read and checked once)."""
+        """The manifest lines of "train", "val" or "test" (read and checked once)."""
         from zoo.datamodules.manifests import read_manifest
         from zoo.media import MediaError
 
         if split not in self._samples:
             path = self.val_manifest if split != "train" and self.val_manifest else self.train_manifest
+            if split == "test":
+                if self.test_manifest is None:
+                    raise ValueError(
+                        "ManifestMediaDataModule has no test split: give data.init_args.test_manifest "
+                        "(a jsonl manifest of test samples) to run `zoo test`"
+                    )
+                path = self.test_manifest
             samples = read_manifest(path)
             wrong = [s for s in samples if s["kind"] != self.kind]
             if wrong:
@@ -289,6 +299,9 @@ class ManifestMediaDataModule(L.LightningDataModule):
         return self._loader_fn(sample)
 
     def setup(self, stage: str | None = None) -> None:
+        if stage == "test":
+            self.samples("test")
+            return
         self.samples("train")
         self.samples("val")
 
@@ -310,6 +323,9 @@ class ManifestMediaDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("val")

@@ -104,5 +104,9 @@ class ShapesCascadeDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader("val")
 
+    def test_dataloader(self) -> DataLoader:
+        """`val_size` scenes of ShapesWorld's test split (held-out colour-shape pairs)."""
+        return self._loader("test")
+
 
 # --- the task ----------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ with media), `zoo.rl.responses` (text / image / speech responses), `zoo.rl.polic
 `zoo.rl.schedulers` (sync / APRIL / U-RB), `zoo.rl.scoring` (rewards, validation), `zoo.rl.update` (the
 policy update), `zoo.rl.data` (text tasks), `zoo.rl.data_shapes` (image / speech / clip to caption),
 `zoo.rl.engines` (the engine protocol, backends), `zoo.rl.ray_backend` / `ray_engines` / `ray_verifiers`
-(engines and verifiers as Ray actors), `zoo.rl.envs` (instruction following, tool use) and `zoo.rl.task.RLTask`.
+(engines and verifiers as Ray actors), `zoo.rl.envs` (instruction following, tool use) and
+`zoo.rl.task.RLTask`.
 
 Names are imported on first use: verifier worker processes import `zoo.rl.verifiers` and must not pay
 for Lightning.

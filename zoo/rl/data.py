@@ -223,6 +223,11 @@ class QueryDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.heldout_queries(), batch_size=self.val_batch_size, collate_fn=list)
 
+    def test_dataloader(self) -> DataLoader:
+        """`zoo test` scores the held-out queries too: RL has one held-out set (ShapesWorld's
+        `heldout_split: test` makes it the unseen colour-shape pairs)."""
+        return self.val_dataloader()
+
     def state_dict(self) -> dict[str, object]:
         state: dict[str, object] = {"pass": self._pass, "cursor": self._cursor}
         if self.tokenizer is not None:

@@ -19,7 +19,8 @@ Its arguments come in typed groups, each a frozen dataclass a YAML names by key:
 (`PolicyLossConfig`), `rollout` (`RolloutConfig`, the engine's sampling), `hints` (`HintSchedule`, AHRL),
 `update` (`UpdateConfig`: batch and update), `optim` (`OptimConfig`), `scoring` (`ScoringConfig`).
 
-Validation generates on held-out queries with the trained model (`zoo.rl.scoring.respond`):
+Validation and test (`zoo validate`, `zoo test`: `val/...`, `test/...`) generate on the held-out queries with
+the trained model (`zoo.rl.scoring.respond`):
 `val/accuracy` (greedy) and `val/accuracy_sampled` (sampled as the engine samples, fixed seed per batch),
 with `val/reward...` beside them (graded rewards such as caption attribute accuracy) and, when the
 held-out queries span several verifier tasks (image, speech and video captions), each task's under
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 from torch import Tensor
+from torchmetrics import MeanMetric
 
 from zoo.config import save_config_hyperparameters
 from zoo.models.unified import UnifiedModel
@@ -55,6 +57,8 @@ from zoo.rl.records import Rollout
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.scoring import Scorer, ScoringConfig, respond, safe_verify
 from zoo.rl.update import OptimConfig, PolicyUpdate, UpdateConfig
+from zoo.tasks.metrics import split_metrics
+from zoo.tasks.optim import LRSchedulerCallable, OptimizerCallable
 from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
 
 warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
@@ -106,13 +110,17 @@ class RLTask(L.LightningModule):
         rollout: the inference engine's sampling and precision.
         hints: the AHRL schedule (`p_init` 0 disables hints).
         update: queries and responses per step, micro-batches, PPO epochs, router replay, the controls.
-        optim: the optimizer, and the parameters RL keeps frozen.
+        optim: the default optimizer, the gradient clip, and the parameters RL keeps frozen.
         scoring: the truncation policy, the verifier pool, the validation budget.
         init_from: starting weights: a `UnifiedPretraining` Lightning checkpoint or a hub directory
             (its tokenizer, if any, replaces the datamodule's). Read when the task is built.
         rollout_backend: where the engines and verifiers run (`zoo.rl.engines.RolloutBackend`): None (the
             default) is `InProcessBackend` (one engine in this process); `zoo.rl.ray_backend.RayBackend`
             puts engines and verifiers in Ray actors.
+        optimizer: builds the optimizer from the trainable parameter groups (decayed matrices, undecayed
+            vectors), e.g. `{class_path: torch.optim.SGD, init_args: {lr: 1e-4}}`; None: `optim`'s AdamW.
+        lr_scheduler: builds the schedule from the optimizer, stepped every optimizer step; None: `optim`'s
+            linear warm-up to a constant rate.
     """
 
     def __init__(
@@ -127,6 +135,8 @@ class RLTask(L.LightningModule):
         scoring: ScoringConfig = ScoringConfig(),
         init_from: str | None = None,
         rollout_backend: RolloutBackend | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
@@ -136,6 +146,8 @@ class RLTask(L.LightningModule):
         self.loss_config, self.rollout_config, self.hint_schedule = loss, rollout, hints
         self.update_config, self.optim_config, self.scoring_config = update, optim, scoring
         optim.freeze(model)
+        optim.refuse_replaced(optimizer, lr_scheduler)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.hint_controller = HintController(hints)
         self.version = 0
         self.init_tokenizer = None
@@ -189,6 +201,8 @@ class RLTask(L.LightningModule):
             source.use_tokenizer(self.init_tokenizer)
         source.ensure_tokenizer()
         source.hints = self.hint_controller if self.hint_schedule.enabled else None
+        if not hasattr(self, "eval_metrics"):  # setup runs again for `zoo test` after `fit`
+            self._make_eval_metrics()
 
     def on_fit_start(self) -> None:
         # Sample (and score) only text ids the tokenizer decodes, in the engine and the trainer alike.
@@ -309,29 +323,51 @@ class RLTask(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         lr_scheduler.step()
 
-    # -- validation ------------------------------------------------------------------------------------
+    # -- validation and test ---------------------------------------------------------------------------
+    def _eval_tasks(self) -> list[str]:
+        return sorted({q.task for q in self.source.heldout_queries()})
+
+    def _make_eval_metrics(self) -> None:
+        """Means over the whole held-out set, on every rank (torchmetrics): the reward and accuracy, greedy
+        and sampled, overall and (when the held-out queries span several verifier tasks) per task."""
+        tasks = self._eval_tasks()
+        prefixes = ["", *(f"{t}/" for t in tasks)] if len(tasks) > 1 else [""]
+        kinds = [f"{kind}{how}" for kind in ("reward", "accuracy") for how in ("", "_sampled")]
+        names = [f"{prefix}{kind}" for prefix in prefixes for kind in kinds]
+        self.eval_metrics = split_metrics(names, MeanMetric)
+
     @torch.no_grad()
-    def validation_step(self, batch: list, batch_idx: int) -> None:
+    def _evaluate(self, batch: list, batch_idx: int, split: str) -> None:
         source = self.source
         prompts = [source.base_prompt(q) for q in batch]
         greedy = self._respond(prompts, temperature=0.0)
         # Also sampled as the engine samples (what the RL objective optimises), with a fixed seed per batch.
         generator = torch.Generator(self.device).manual_seed(batch_idx)
         sampled = self._respond(prompts, self.rollout_config.temperature, generator)
-        tasks = sorted({q.task for q in source.heldout_queries()})
-        for name, outputs in (("", greedy), ("_sampled", sampled)):
+        tasks = self._eval_tasks()
+        for how, outputs in (("", greedy), ("_sampled", sampled)):
             rewards = torch.tensor([safe_verify(q, out) for q, out in zip(batch, outputs, strict=True)])
-            self._log_rewards("val", name, rewards, prog_bar=not name)
+            self._log_rewards(split, "", how, rewards, prog_bar=not how)
             if len(tasks) > 1:
                 for task in tasks:
                     picked = [i for i, q in enumerate(batch) if q.task == task]
                     if picked:
-                        self._log_rewards(f"val/{task}", name, rewards[picked])
+                        self._log_rewards(split, f"{task}/", how, rewards[picked])
 
-    def _log_rewards(self, prefix: str, name: str, rewards: Tensor, prog_bar: bool = False) -> None:
-        self.log(f"{prefix}/reward{name}", rewards.mean(), batch_size=len(rewards))
-        accuracy = (rewards >= 1.0).float().mean()
-        self.log(f"{prefix}/accuracy{name}", accuracy, batch_size=len(rewards), prog_bar=prog_bar)
+    def validation_step(self, batch: list, batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def test_step(self, batch: list, batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
+
+    def _log_rewards(self, split: str, task: str, how: str, rewards: Tensor, prog_bar: bool = False) -> None:
+        values = {"reward": rewards, "accuracy": (rewards >= 1.0).float()}
+        for kind, value in values.items():
+            name = f"{task}{kind}{how}"
+            metric = self.eval_metrics[f"{split}__{name}"]
+            metric.update(value.to(self.device))
+            shown = prog_bar and kind == "accuracy"
+            self.log(f"{split}/{name}", metric, batch_size=len(rewards), prog_bar=shown)
 
     def _respond(
         self, prompts: list[Prompt], temperature: float, generator: torch.Generator | None = None
@@ -344,7 +380,9 @@ class RLTask(L.LightningModule):
 
     # -- optimisation and checkpoints -------------------------------------------------------------------
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        optimizer, scheduler = self.optim_config.optimizer(self.model)
+        optimizer, scheduler = self.optim_config.optimizer(
+            self.model, self.optimizer_callable, self.lr_scheduler_callable
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

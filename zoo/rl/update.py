@@ -30,6 +30,14 @@ from zoo.rl.losses import (
 )
 from zoo.rl.records import Rollout
 from zoo.rl.replay import sequence_logprobs
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    build_schedule,
+    decay_groups,
+    refuse_replaced_arguments,
+)
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,14 @@ class UpdateConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The optimizer of the policy (AdamW, betas (0.9, 0.99); constant learning rate after a linear warm-up).
+    """The default optimizer of the policy (AdamW, betas (0.9, 0.99); constant learning rate after a linear
+    warm-up), the gradient clip and the frozen parameters. RLTask's `optimizer` and `lr_scheduler` replace the
+    default optimizer and schedule (zoo/tasks/optim.py); clip and freezing apply to any.
 
     Args:
-        lr: learning rate.
+        lr: learning rate of the default AdamW.
         weight_decay: weight decay of matrices (vectors get none).
-        warmup_steps: linear warm-up in optimizer steps.
+        warmup_steps: linear warm-up of the default schedule, in optimizer steps.
         grad_clip: gradient-norm clip (0 disables).
         frozen: prefixes of the policy's parameter names (as `model.named_parameters()` spells them, e.g.
             "text_embed", "text_head.output") kept fixed during RL: no gradient, not in the optimizer.
@@ -103,22 +113,32 @@ class OptimConfig:
                 if name in hits:
                     p.requires_grad_(False)
 
+    def refuse_replaced(
+        self, optimizer: OptimizerCallable | None, lr_scheduler: LRSchedulerCallable | None
+    ) -> None:
+        """Refuse `lr` or `warmup_steps` changed while a configured optimizer or schedule makes it unused."""
+        refuse_replaced_arguments(OptimConfig, "optimizer", optimizer, {"lr": self.lr})
+        schedule = {"warmup_steps": self.warmup_steps}
+        refuse_replaced_arguments(OptimConfig, "lr_scheduler", lr_scheduler, schedule)
+
     def optimizer(
-        self, model: UnifiedModel
-    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-        """AdamW over the trainable parameters, and its warm-up schedule (stepped every optimizer step)."""
-        decay, no_decay = [], []
-        for p in model.parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": self.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=(0.9, 0.99))
+        self,
+        model: UnifiedModel,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """The optimizer over the trainable parameters (decayed matrices, undecayed vectors) and its schedule,
+        stepped every optimizer step. None: AdamW at `lr` with betas (0.9, 0.99), and a linear warm-up to a
+        constant `lr` over `warmup_steps` (zoo/tasks/optim.py)."""
+        self.refuse_replaced(optimizer, lr_scheduler)
+        groups = decay_groups(model.parameters(), self.weight_decay)
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr, betas=(0.9, 0.99))
+        built = build_optimizer(groups, optimizer, adamw, "RLTask")
+        if lr_scheduler is not None:
+            return built, build_schedule(built, lr_scheduler, "RLTask")
         warmup = self.warmup_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup)))
-        return optimizer, scheduler
+        scheduler = torch.optim.lr_scheduler.LambdaLR(built, lambda s: min(1.0, (s + 1) / max(1, warmup)))
+        return built, scheduler
 
 
 @dataclass

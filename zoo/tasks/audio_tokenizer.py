@@ -11,9 +11,10 @@ The codec (`zoo.tokenizers.audio.AudioCodec`) learns from these terms, weighted 
   cosine ("t_axis").
 No adversarial losses: the tiny codec trains in minutes on a CPU, and the spectral losses keep it stable.
 
-Validation logs mel distance, SI-SNR and codebook usage per level; with a TensorBoard logger it also writes
-audio samples and a spectrogram figure (original vs decodes from 1..Q levels). At the end of `fit` the
-codec is written to `<default_root_dir>/audio_codec.safetensors`.
+Validation and test (`val/...`, `test/...`) log mel distance, SI-SNR (torchmetrics) and codebook usage per
+level; validation with a TensorBoard logger also writes audio samples and a spectrogram figure (original vs
+decodes from 1..Q levels). At the end of `fit` the codec is written to
+`<default_root_dir>/audio_codec.safetensors`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from torch import Tensor, nn
 
 from zoo.config import save_config_hyperparameters
 from zoo.tasks.component_folders import write_component_folder
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.metrics import audio_si_snr, per_clip_si_snr, split_metrics
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import AudioTeacher
 from zoo.weights import save_weights_file
@@ -154,14 +162,10 @@ def t_axis_distill_loss(features: Tensor, target: Tensor, mask: Tensor) -> Tenso
     return -(F.logsigmoid(cos) * mask).sum() / mask.sum().clamp_min(1)
 
 
-def si_snr(estimate: Tensor, target: Tensor, eps: float = 1e-8) -> Tensor:
-    """Scale-invariant signal-to-noise ratio in dB per row of `[B, N]` (zero-mean, Le Roux et al. 2019)."""
-    estimate = estimate - estimate.mean(-1, keepdim=True)
-    target = target - target.mean(-1, keepdim=True)
-    scale = (estimate * target).sum(-1, keepdim=True) / (target.pow(2).sum(-1, keepdim=True) + eps)
-    projection = scale * target
-    noise = estimate - projection
-    return 10 * torch.log10((projection.pow(2).sum(-1) + eps) / (noise.pow(2).sum(-1) + eps))
+def si_snr(estimate: Tensor, target: Tensor) -> Tensor:
+    """Scale-invariant signal-to-noise ratio in dB per row of `[B, N]` (zero-mean, Le Roux et al. 2019;
+    torchmetrics' `scale_invariant_signal_noise_ratio`)."""
+    return per_clip_si_snr(estimate, target)
 
 
 def codebook_usage(codes: Tensor, mask: Tensor, sizes: tuple[int, ...]) -> list[tuple[float, float]]:
@@ -225,6 +229,10 @@ class AudioTokenizerTask(L.LightningModule):
         segment_seconds: train on a random window of this length from each clip (whole clips when None or
             longer; validation always sees whole clips). Rounded to whole frames.
         num_logged_samples: audio clips written to TensorBoard per validation.
+        optimizer: builds the optimizer from one group (the codec and the distillation projection, no
+            weight decay); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -247,9 +255,15 @@ class AudioTokenizerTask(L.LightningModule):
         min_lr_ratio: float = 1.0,
         segment_seconds: float | None = None,
         num_logged_samples: int = 2,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        refuse_replaced_arguments(AudioTokenizerTask, "optimizer", optimizer, {"lr": lr, "betas": betas})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(AudioTokenizerTask, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         if distill_loss not in ("d_axis", "t_axis"):
             raise ValueError(f"distill_loss must be 'd_axis' or 't_axis', got {distill_loss!r}")
         self.codec = codec
@@ -288,6 +302,7 @@ class AudioTokenizerTask(L.LightningModule):
                 raise ValueError(
                     f"teacher sample_rate {teacher.sample_rate} differs from the codec's {codec.sample_rate}"
                 )
+        self.eval_metrics = split_metrics(["si_snr"], audio_si_snr)
         self._val_usage: list[Tensor] = []
         self._val_masks: list[Tensor] = []
         self._val_example: tuple[Tensor, Tensor] | None = None
@@ -365,23 +380,34 @@ class AudioTokenizerTask(L.LightningModule):
         self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=wave.shape[0])
         return loss
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def _evaluate(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> Tensor:
         wave, lengths = self._unpack(batch)
         losses, _, _, recon, out = self._losses(wave, lengths)
         loss = sum(self.weights[k] * v for k, v in losses.items())
-        logs = {f"val/{k}_loss": v for k, v in losses.items()}
-        logs["val/loss"] = loss
-        logs["val/si_snr"] = si_snr(recon, wave).mean()
-        self.log_dict(logs, on_step=False, on_epoch=True, batch_size=wave.shape[0], sync_dist=True)
-        self.log("val_loss", loss, prog_bar=True, logger=False, batch_size=wave.shape[0], sync_dist=True)
+        b = wave.shape[0]
+        logs = {f"{split}/{k}_loss": v for k, v in losses.items()}
+        logs[f"{split}/loss"] = loss
+        self.log_dict(logs, on_step=False, on_epoch=True, batch_size=b, sync_dist=True)
+        metric = self.eval_metrics[f"{split}__si_snr"]
+        metric.update(recon, wave)
+        self.log(f"{split}/si_snr", metric, batch_size=b)
         self._val_usage.append(out.codes.detach().cpu())
         self._val_masks.append(out.mask.detach().cpu())
-        if batch_idx == 0:
+        if batch_idx == 0 and split == "val":
             k = self.num_logged_samples
             self._val_example = (wave[:k].detach(), lengths[:k].detach())
         return loss
 
-    def on_validation_epoch_end(self) -> None:
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self._evaluate(batch, batch_idx, "val")
+        b = batch["audio"].shape[0]
+        self.log("val_loss", loss, prog_bar=True, logger=False, batch_size=b, sync_dist=True)
+        return loss
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._evaluate(batch, batch_idx, "test")
+
+    def _log_usage(self, split: str) -> None:
         if self._val_usage:
             frames = max(c.shape[1] for c in self._val_usage)
             codes = torch.cat([F.pad(c, (0, 0, 0, frames - c.shape[1]), value=-1) for c in self._val_usage])
@@ -389,12 +415,18 @@ class AudioTokenizerTask(L.LightningModule):
             for level, (used, perplexity) in enumerate(
                 codebook_usage(codes, mask, self.codec.codebook_sizes)
             ):
-                self.log(f"val/usage_level{level + 1}", used, sync_dist=True)
-                self.log(f"val/perplexity_level{level + 1}", perplexity, sync_dist=True)
+                self.log(f"{split}/usage_level{level + 1}", used, sync_dist=True)
+                self.log(f"{split}/perplexity_level{level + 1}", perplexity, sync_dist=True)
         self._val_usage, self._val_masks = [], []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_usage("val")
         if self._val_example is not None and self.trainer.is_global_zero:
             self._log_media(*self._val_example)
         self._val_example = None
+
+    def on_test_epoch_end(self) -> None:
+        self._log_usage("test")
 
     def _log_media(self, wave: Tensor, lengths: Tensor) -> None:
         experiment = getattr(self.logger, "experiment", None)
@@ -427,6 +459,9 @@ class AudioTokenizerTask(L.LightningModule):
         params = [p for p in self.codec.parameters() if p.requires_grad]
         if self.distill_proj is not None:
             params += list(self.distill_proj.parameters())
-        optimizer = torch.optim.AdamW(params, lr=self.lr, betas=self.betas, weight_decay=0.0)
+        groups = [{"params": params, "weight_decay": 0.0}]
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr, betas=self.betas)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, max(1, self.warmup_steps), total, self.min_lr_ratio)
+        schedule, warmup = self.lr_scheduler_callable, max(1, self.warmup_steps)
+        return lightning_optimizers(optimizer, schedule, warmup, total, self.min_lr_ratio)

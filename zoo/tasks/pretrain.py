@@ -22,7 +22,14 @@ from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import Parallelism, gathered, is_sharded, parallelize
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    decay_groups,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.tasks.tokenizer_state import restore_tokenizer, save_tokenizer
 
 # Lightning suggests ignoring injected modules in save_hyperparameters; doing so breaks load_from_checkpoint
@@ -81,6 +88,11 @@ class UnifiedPretraining(L.LightningModule):
         sampling: generation settings of `predict` and the sample callback.
         parallel: FSDP2, FP8, activation checkpointing, compile and the attention backend, applied in
             `configure_model` (zoo.parallel).
+        optimizer: builds the optimizer from the parameter groups (decayed matrices, undecayed vectors), e.g.
+            `{class_path: torch.optim.SGD, init_args: {lr: 0.1}}`; None: AdamW with `lr` and `betas`
+            (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     # With parallel.fsdp, `zoo fit` builds the model on `meta` and `configure_model` materialises each rank's
@@ -98,9 +110,15 @@ class UnifiedPretraining(L.LightningModule):
         min_lr_ratio: float = 0.1,
         sampling: SamplingConfig = SamplingConfig(),
         parallel: Parallelism = Parallelism(),
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        refuse_replaced_arguments(UnifiedPretraining, "optimizer", optimizer, {"lr": lr, "betas": betas})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(UnifiedPretraining, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.model = model
         self.elastic = elastic
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
@@ -251,14 +269,9 @@ class UnifiedPretraining(L.LightningModule):
         return results
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        decay, no_decay = [], []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.lr,
-            betas=self.betas,
-        )
+        groups = decay_groups(self.model.parameters(), self.weight_decay)
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr, betas=self.betas)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
+        schedule = self.lr_scheduler_callable
+        return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)

@@ -7,7 +7,8 @@ generated codes become), `DownsampleDegradation` a plain down-sampling for tests
 A batch may carry `condition_pixels` (the native low-resolution render of the same scene, from
 `zoo.datamodules.shapes_cascade.ShapesCascadeDataModule`): the degradation then sees those instead of the
 full-resolution target.
-Validation reports PSNR of the refined images against the plainly upsampled condition, and writes a
+Validation and test (`val/...`, `test/...`) report PSNR and SSIM (torchmetrics, zoo/tasks/metrics.py) of the
+refined images beside the PSNR of the plainly upsampled condition and the gain; validation also writes a
 comparison grid (condition | refined | target) to the logger and as a PNG beside the logs.
 """
 
@@ -23,11 +24,19 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
+from torchmetrics import MeanMetric
 
 from zoo.config import Configurable, save_config_hyperparameters
 from zoo.models.refiner import DiffusionRefiner
 from zoo.tasks.component_folders import write_component_folder
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.metrics import ImageSSIM, per_image_psnr, split_metrics
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.weights import save_weights_file
 
@@ -134,8 +143,7 @@ class TokenizerDegradation(Configurable, Degradation):
 
 def psnr(prediction: Tensor, target: Tensor) -> Tensor:
     """Per-image PSNR in dB of images in [-1, 1] (peak-to-peak 2, i.e. the usual PSNR on [0, 1])."""
-    mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
-    return 10 * torch.log10(4.0 / mse)
+    return per_image_psnr(prediction, target)
 
 
 def comparison_grid(condition: Tensor, *images: Tensor) -> Tensor:
@@ -174,9 +182,14 @@ class RefinerTraining(L.LightningModule):
         warmup_steps: linear warm-up, then cosine decay to `min_lr_ratio * lr`.
         min_lr_ratio: the final learning rate as a fraction of `lr`.
         val_steps: sampling steps of the validation refinements (None: the refiner's default).
-        psnr_batches: validation batches that are refined for PSNR (sampling costs `val_steps` UNet calls).
+        psnr_batches: validation (and test) batches that are refined for PSNR and SSIM (sampling costs
+            `val_steps` UNet calls).
         num_samples: images in the validation comparison grid.
         seed: seeds the validation noise, so that validations are comparable.
+        optimizer: builds the optimizer from the refiner's parameters (one group, decayed by
+            `weight_decay`); None: AdamW with `lr` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -191,9 +204,15 @@ class RefinerTraining(L.LightningModule):
         psnr_batches: int = 1,
         num_samples: int = 8,
         seed: int = 0,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        refuse_replaced_arguments(RefinerTraining, "optimizer", optimizer, {"lr": lr})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(RefinerTraining, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.refiner = refiner
         self.degradation = degradation.requires_grad_(False)
         self.lr, self.weight_decay = lr, weight_decay
@@ -201,6 +220,9 @@ class RefinerTraining(L.LightningModule):
         self.val_steps, self.psnr_batches = val_steps, psnr_batches
         self.num_samples, self.seed = num_samples, seed
         self.last_grid: Tensor | None = None
+        self.eval_metrics = split_metrics(["psnr_refined", "psnr_upsampled", "psnr_gain_db"], MeanMetric)
+        ssim = lambda: ImageSSIM(refiner.image_size)
+        self.eval_metrics.update(split_metrics(["ssim_refined"], ssim))
 
     def _pixels(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(target images, what the degradation sees: `batch["condition_pixels"]` when given, else the
@@ -233,30 +255,41 @@ class RefinerTraining(L.LightningModule):
         self.log("train/loss", loss.detach(), on_step=True, prog_bar=True, batch_size=pixels.shape[0])
         return loss
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def _evaluate(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> Tensor:
         pixels, source = self._pixels(batch)
         condition = self.degradation(source)
         generator = torch.Generator().manual_seed(self.seed + batch_idx)
         loss = self.refiner.loss(pixels, condition, generator=generator)
         b = pixels.shape[0]
-        self.log("val/loss", loss, on_epoch=True, batch_size=b, sync_dist=True)
-        self.log("val_loss", loss, prog_bar=True, logger=False, batch_size=b, sync_dist=True)
+        self.log(f"{split}/loss", loss, on_epoch=True, batch_size=b, sync_dist=True)
         if batch_idx < self.psnr_batches:
             refined = self.refiner.refine(condition, self.val_steps, generator=generator)
             upsampled = self.refiner.upsampled(condition)
-            gained = psnr(refined, pixels).mean()
-            baseline = psnr(upsampled, pixels).mean()
-            logs = {
-                "val/psnr_refined": gained,
-                "val/psnr_upsampled": baseline,
-                "val/psnr_gain_db": gained - baseline,
-            }
-            self.log_dict(logs, on_epoch=True, batch_size=b, sync_dist=True)
-            if batch_idx == 0:
+            gained, baseline = psnr(refined, pixels), psnr(upsampled, pixels)
+            # Means over every refined image of the split, on every rank; the gain is the mean per-image gain,
+            # which equals the difference of the two means.
+            for name, values in (("psnr_refined", gained), ("psnr_upsampled", baseline),
+                                 ("psnr_gain_db", gained - baseline)):  # fmt: skip
+                metric = self.eval_metrics[f"{split}__{name}"]
+                metric.update(values)
+                self.log(f"{split}/{name}", metric, on_epoch=True, batch_size=b)
+            ssim = self.eval_metrics[f"{split}__ssim_refined"]
+            ssim.update(refined, pixels)
+            self.log(f"{split}/ssim_refined", ssim, on_epoch=True, batch_size=b)
+            if batch_idx == 0 and split == "val":
                 n = self.num_samples
                 self.last_grid = comparison_grid(condition[:n], refined[:n], pixels[:n])
                 self._write_grid(self.last_grid)
         return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self._evaluate(batch, batch_idx, "val")
+        b = batch["pixels"].shape[0]
+        self.log("val_loss", loss, prog_bar=True, logger=False, batch_size=b, sync_dist=True)
+        return loss
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._evaluate(batch, batch_idx, "test")
 
     def _write_grid(self, grid: Tensor) -> None:
         if self._trainer is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
@@ -274,6 +307,9 @@ class RefinerTraining(L.LightningModule):
             write_component_folder(self.trainer, self.refiner, weights)
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        optimizer = torch.optim.AdamW(self.refiner.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        groups = [{"params": list(self.refiner.parameters()), "weight_decay": self.weight_decay}]
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
+        schedule = self.lr_scheduler_callable
+        return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)

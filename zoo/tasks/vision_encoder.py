@@ -28,7 +28,14 @@ from torchmetrics import MeanMetric
 from zoo.config import save_config_hyperparameters
 from zoo.models.vision import DualPathEncoder
 from zoo.tasks.component_folders import write_component_folder
-from zoo.tasks.schedules import warmup_cosine
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    decay_groups,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
 from zoo.weights import save_weights_file
 from zoo.world.scenes import (
     COLOURS,
@@ -175,6 +182,10 @@ class VisionEncoderPretraining(L.LightningModule):
         weight_decay: decoupled weight decay of matrices.
         warmup_steps: linear warm-up, then cosine decay to `min_lr_ratio * lr`.
         min_lr_ratio: final learning rate as a fraction of `lr`.
+        optimizer: builds the optimizer from the parameter groups (decayed matrices, undecayed vectors);
+            None: AdamW with `lr` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -194,9 +205,16 @@ class VisionEncoderPretraining(L.LightningModule):
         weight_decay: float = 0.05,
         warmup_steps: int = 30,
         min_lr_ratio: float = 0.1,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        cls = VisionEncoderPretraining
+        refuse_replaced_arguments(cls, "optimizer", optimizer, {"lr": lr})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(cls, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.encoder = encoder
@@ -312,16 +330,12 @@ class VisionEncoderPretraining(L.LightningModule):
             print(f"vision encoder weights written to {path}")
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        decay, no_decay = [], []
-        for p in self.parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.lr,
-        )
+        groups = decay_groups(self.parameters(), self.weight_decay)
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
+        schedule = self.lr_scheduler_callable
+        return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)
 
 
 def _same_rows(ids: Tensor) -> Tensor:

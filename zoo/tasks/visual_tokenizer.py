@@ -10,11 +10,12 @@ optional, swappable terms, each a component chosen by `class_path` in YAML (null
   optimiser step: the generator's term sees the discriminator through detached parameters, so it cannot
   move them, and the discriminator's term sees detached reconstructions.
 
-Videos are handled frame by frame by both optional terms. Validation logs PSNR per number of scales
-decoded, codebook usage and perplexity per scale, and a grid of originals over reconstructions from
-1..K scales (TensorBoard `add_image`). At the end of fit the tokenizer is written to
-`<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from a 2D one by inflation
-(`init_from_2d`, read at the start of fit).
+Videos are handled frame by frame by both optional terms. Validation and test (`zoo validate`, `zoo test`:
+`val/...`, `test/...`) log PSNR per number of scales decoded and SSIM (torchmetrics, zoo/tasks/metrics.py),
+codebook usage and perplexity per scale, and rFID and LPIPS when their weights are given; validation also
+logs a grid of originals over reconstructions from 1..K scales (TensorBoard `add_image`). At the end of fit
+the tokenizer is written to `<default_root_dir>/visual_tokenizer.safetensors`; a 3D tokenizer can start from
+a 2D one by inflation (`init_from_2d`, read at the start of fit).
 """
 
 from __future__ import annotations
@@ -31,14 +32,35 @@ from torch.func import functional_call
 
 from zoo.config import Configurable, save_config_hyperparameters
 from zoo.tasks.component_folders import write_component_folder
-from zoo.tasks.schedules import warmup_cosine
-from zoo.tokenizers.visual import VisualTokenizer, per_frame, psnr
+from zoo.tasks.metrics import (
+    ImagePSNR,
+    ImageSSIM,
+    lpips_metric,
+    per_image_psnr,
+    rfid_metric,
+    split_metrics,
+    update_rfid,
+)
+from zoo.tasks.optim import (
+    LRSchedulerCallable,
+    OptimizerCallable,
+    build_optimizer,
+    decay_groups,
+    lightning_optimizers,
+    refuse_replaced_arguments,
+)
+from zoo.tokenizers.visual import VisualTokenizer, per_frame
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
 from zoo.weights import save_weights_file
 
 warnings.filterwarnings("ignore", message="Attribute '(tokenizer|reconstruction|perceptual|adversarial)'")
 
 WEIGHTS_NAME = "visual_tokenizer.safetensors"
+
+
+def first_frames(pixels: Tensor) -> Tensor:
+    """Images [B, 3, H, W] as they are; of clips [B, 3, T, H, W], the first frame of each."""
+    return pixels[:, :, 0] if pixels.dim() == 5 else pixels
 
 
 class ReconstructionLoss(Configurable, nn.Module):
@@ -131,7 +153,7 @@ class AdversarialLoss(Configurable, nn.Module):
         discriminator: the discriminator network.
         weight: multiplier of the generator's term.
         start_step: global step from which both terms are used.
-        lr: learning rate of the discriminator (its own AdamW parameter group).
+        lr: learning rate of the discriminator (its own parameter group, whatever the optimizer).
     """
 
     def __init__(
@@ -174,6 +196,16 @@ class VisualTokenizerTraining(L.LightningModule):
         init_from_2d: a 2D tokenizer's .safetensors (same channels and quantiser) to inflate into this 3D
             tokenizer when fit starts (not at construction, so configs parse without the file).
         image_log_every_n_epochs: how often the validation image grid is logged (0: never).
+        rfid_weights: a local copy of the FID Inception weights (`pt_inception-2015-12-05-6726825d.pth`):
+            validation and test then log `rfid` of the (first frames of the) reconstructions. None (default):
+            no rFID; nothing is ever downloaded.
+        lpips_torch_home: a torch hub folder already holding torchvision's AlexNet weights
+            (`hub/checkpoints/alexnet-owt-7be5be79.pth`): validation and test then log `lpips` (torchmetrics'
+            LPIPS) of the (first frames of the) reconstructions. None (default): no LPIPS.
+        optimizer: builds the optimizer from the parameter groups (decayed kernels, undecayed vectors, the
+            discriminator at its own lr); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
+        lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
+            `warmup_steps` and `min_lr_ratio`.
     """
 
     def __init__(
@@ -190,9 +222,18 @@ class VisualTokenizerTraining(L.LightningModule):
         min_lr_ratio: float = 0.05,
         init_from_2d: str | None = None,
         image_log_every_n_epochs: int = 1,
+        rfid_weights: str | None = None,
+        lpips_torch_home: str | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        cls = VisualTokenizerTraining
+        refuse_replaced_arguments(cls, "optimizer", optimizer, {"lr": lr, "betas": betas})
+        schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
+        refuse_replaced_arguments(cls, "lr_scheduler", lr_scheduler, schedule)
+        self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.tokenizer = tokenizer
         self.reconstruction = reconstruction if reconstruction is not None else ReconstructionLoss()
         self.perceptual = perceptual
@@ -203,6 +244,15 @@ class VisualTokenizerTraining(L.LightningModule):
         self.image_log_every_n_epochs = image_log_every_n_epochs
         self._val_codes: list[list[Tensor]] = []
         self._val_images: Tensor | None = None
+        names = ["psnr", *(f"psnr_scales_{m}" for m in range(1, len(tokenizer.scales) + 1))]
+        self.eval_metrics = split_metrics(names, ImagePSNR)
+        self.eval_metrics.update(split_metrics(["ssim"], lambda: ImageSSIM(tokenizer.image_size)))
+        # Off by default: the Inception weights are never downloaded (zoo/tasks/metrics.py).
+        # Plain attributes, not submodules: the metrics' pretrained networks stay out of the checkpoint (a
+        # run with the metric and one without save the same state); they follow the task's device on use.
+        object.__setattr__(self, "rfid", None if rfid_weights is None else rfid_metric(rfid_weights))
+        lpips = None if lpips_torch_home is None else lpips_metric(lpips_torch_home)
+        object.__setattr__(self, "lpips", lpips)
 
     # --- setup ---------------------------------------------------------------------------------------
 
@@ -252,17 +302,14 @@ class VisualTokenizerTraining(L.LightningModule):
                 f"non-finite tokenizer loss ({loss.item()}) at global step {self.global_step}; "
                 "training stopped before updating the weights"
             )
-        logs["train/psnr"] = psnr(rec.detach(), pixels).mean()
+        logs["train/psnr"] = per_image_psnr(rec.detach(), pixels).mean()
         self.log_dict({k: v.detach() for k, v in logs.items()}, on_step=True, batch_size=pixels.shape[0])
         self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=pixels.shape[0])
         return loss
 
-    # --- validation: PSNR per scales decoded, codebook usage, images ---------------------------------
+    # --- validation and test: PSNR per scales decoded, SSIM, codebook usage, images ------------------
 
-    def on_validation_epoch_start(self) -> None:
-        self._val_codes, self._val_images = [], None
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def _evaluate(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
         pixels = self._pixels(batch)
         tok = self.tokenizer
         codes = tok.encode(pixels)
@@ -270,28 +317,62 @@ class VisualTokenizerTraining(L.LightningModule):
         decodes = []
         for m in range(1, len(tok.scales) + 1):
             rec = tok.decode(codes[:m])
-            self.log(f"val/psnr_scales_{m}", psnr(rec, pixels).mean(), batch_size=b, sync_dist=True)
+            metric = self.eval_metrics[f"{split}__psnr_scales_{m}"]
+            metric.update(rec, pixels)
+            self.log(f"{split}/psnr_scales_{m}", metric, batch_size=b)
             decodes.append(rec)
-        self.log("val/psnr", psnr(decodes[-1], pixels).mean(), prog_bar=True, batch_size=b, sync_dist=True)
+        full = self.eval_metrics[f"{split}__psnr"]
+        full.update(decodes[-1], pixels)
+        self.log(f"{split}/psnr", full, prog_bar=True, batch_size=b)
+        ssim = self.eval_metrics[f"{split}__ssim"]
+        ssim.update(decodes[-1], pixels)
+        self.log(f"{split}/ssim", ssim, batch_size=b)
+        if self.rfid is not None:
+            update_rfid(self.rfid.to(self.device), first_frames(decodes[-1]), first_frames(pixels))
+        if self.lpips is not None:
+            self.lpips.to(self.device).update(first_frames(decodes[-1]).clamp(-1, 1), first_frames(pixels))
         self._val_codes.append([c.cpu() for c in codes])
-        if batch_idx == 0:
+        if batch_idx == 0 and split == "val":
             n = min(8, b)
-            first = (lambda v: v[:n, :, 0]) if pixels.dim() == 5 else (lambda v: v[:n])
-            self._val_images = torch.cat([first(pixels)] + [first(d) for d in decodes]).cpu()
+            shown = [first_frames(v)[:n] for v in (pixels, *decodes)]
+            self._val_images = torch.cat(shown).cpu()
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_codes, self._val_images = [], None
+
+    def on_test_epoch_start(self) -> None:
+        self._val_codes, self._val_images = [], None
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
 
     def on_validation_epoch_end(self) -> None:
+        self._log_codebook("val")
+        self._log_images()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_codebook("test")
+
+    def _log_codebook(self, split: str) -> None:
+        for name in ("rfid", "lpips"):
+            metric = getattr(self, name)
+            if metric is not None:
+                self.log(f"{split}/{name}", metric.compute())  # torchmetrics syncs the ranks' states first
+                metric.reset()
         if not self._val_codes:
             return
         size = self.tokenizer.codebook_size
         per_scale = [torch.cat(c) for c in zip(*self._val_codes, strict=True)]
         for k, codes in enumerate(per_scale):
             usage, perplexity = usage_statistics(codes, size)
-            self.log(f"val/codebook_usage_scale_{k + 1}", usage)
-            self.log(f"val/perplexity_scale_{k + 1}", perplexity)
+            self.log(f"{split}/codebook_usage_scale_{k + 1}", usage)
+            self.log(f"{split}/perplexity_scale_{k + 1}", perplexity)
         usage, perplexity = usage_statistics(torch.cat([c.flatten() for c in per_scale]), size)
-        self.log("val/codebook_usage", usage, prog_bar=True)
-        self.log("val/perplexity", perplexity)
-        self._log_images()
+        self.log(f"{split}/codebook_usage", usage, prog_bar=True)
+        self.log(f"{split}/perplexity", perplexity)
 
     def _log_images(self) -> None:
         every = self.image_log_every_n_epochs
@@ -312,14 +393,7 @@ class VisualTokenizerTraining(L.LightningModule):
     # --- optimiser, output -----------------------------------------------------------------------------
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
-        decay, no_decay = [], []
-        for p in self.tokenizer.parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": self.weight_decay, "lr": self.lr},
-            {"params": no_decay, "weight_decay": 0.0, "lr": self.lr},
-        ]
+        groups = decay_groups(self.tokenizer.parameters(), self.weight_decay)
         if self.adversarial is not None:
             groups.append(
                 {
@@ -328,9 +402,11 @@ class VisualTokenizerTraining(L.LightningModule):
                     "lr": self.adversarial.lr,
                 }
             )
-        optimizer = torch.optim.AdamW(groups, betas=self.betas)
+        adamw = lambda g: torch.optim.AdamW(g, lr=self.lr, betas=self.betas)
+        optimizer = build_optimizer(groups, self.optimizer_callable, adamw, type(self).__name__)
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
-        return warmup_cosine(optimizer, self.warmup_steps, total, self.min_lr_ratio)
+        schedule = self.lr_scheduler_callable
+        return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)
 
     def on_fit_end(self) -> None:
         if self.trainer.is_global_zero:
