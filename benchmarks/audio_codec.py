@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, emit, log, machine_info, time_interleaved  # noqa: E402
 
 from zoo.datamodules.media_data import ShapesMediaDataModule, collate_media  # noqa: E402
-from zoo.tasks.audio_tokenizer import MultiScaleMelLoss, codebook_usage, si_snr, spectrogram_figure  # noqa: E402
+from zoo.tasks.audio_tokenizer import MultiScaleMelLoss, codebook_usage, spectrogram_figure  # noqa: E402
+from zoo.tasks.metrics import per_clip_si_snr as si_snr  # noqa: E402
 from zoo.tokenizers.audio import AudioCodec  # noqa: E402
 from zoo.tokenizers.audio_teacher import WordIdentityTeacher  # noqa: E402
 from zoo.world.speech import read_speech, word_accuracy  # noqa: E402

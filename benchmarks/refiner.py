@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, log, machine_info  # noqa: E402
 
 from zoo.datamodules.shapes_cascade import ShapesCascadeDataModule  # noqa: E402
+from zoo.tasks.metrics import per_image_psnr as psnr  # noqa: E402
 from zoo.tasks.refiner import (  # noqa: E402
     RefinerTraining,
     TokenizerDegradation,
     comparison_grid,
-    psnr,
     save_grid_png,
 )  # noqa: E402
 

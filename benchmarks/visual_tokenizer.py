@@ -35,7 +35,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, emit, log, machine_info, time_interleaved  # noqa: E402
 
-from zoo.tokenizers.visual import VisualTokenizer, psnr  # noqa: E402
+from zoo.tasks.metrics import per_image_psnr as psnr  # noqa: E402
+from zoo.tokenizers.visual import VisualTokenizer  # noqa: E402
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics  # noqa: E402
 from zoo.world.render import render_image, render_video, to_tensor  # noqa: E402
 from zoo.world.scenes import ShapesWorld  # noqa: E402

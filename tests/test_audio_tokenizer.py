@@ -19,10 +19,10 @@ from zoo.tasks.audio_tokenizer import (
     MultiScaleMelLoss,
     codebook_usage,
     d_axis_distill_loss,
-    si_snr,
     spectrogram_figure,
     t_axis_distill_loss,
 )
+from zoo.tasks.metrics import per_clip_si_snr as si_snr
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import MelStatisticsTeacher, WhisperTeacher, WordIdentityTeacher
 from zoo.world.speech import render_speech

@@ -17,12 +17,12 @@ from torch.utils.data import DataLoader
 from zoo.config import to_config
 from zoo.hub import build_from_config
 from zoo.models.refiner import DiffusionRefiner
+from zoo.tasks.metrics import per_image_psnr as psnr
 from zoo.tasks.refiner import (
     REFINER_FILE,
     DownsampleDegradation,
     RefinerTraining,
     TokenizerDegradation,
-    psnr,
 )
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.datamodules.media_data import ShapesMediaDataModule
+from zoo.tasks.metrics import per_image_psnr as psnr
 from zoo.tasks.visual_tokenizer import (
     WEIGHTS_NAME,
     AdversarialLoss,
@@ -20,7 +21,7 @@ from zoo.tasks.visual_tokenizer import (
     PerceptualLoss,
     VisualTokenizerTraining,
 )
-from zoo.tokenizers.visual import VisualTokenizer, psnr
+from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer
 from zoo.world.render import render_image, render_video, to_tensor
 from zoo.world.scenes import ShapesWorld

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from zoo.config import save_config_hyperparameters
 from zoo.tasks.component_folders import write_component_folder
-from zoo.tasks.metrics import audio_si_snr, per_clip_si_snr, split_metrics
+from zoo.tasks.metrics import audio_si_snr, split_metrics
 from zoo.tasks.optim import (
     LRSchedulerCallable,
     OptimizerCallable,
@@ -160,12 +160,6 @@ def t_axis_distill_loss(features: Tensor, target: Tensor, mask: Tensor) -> Tenso
     """-log sigmoid of the per-frame cosine between feature vectors, averaged over valid frames."""
     cos = F.cosine_similarity(features, target, dim=-1, eps=1e-6)  # [B, F]
     return -(F.logsigmoid(cos) * mask).sum() / mask.sum().clamp_min(1)
-
-
-def si_snr(estimate: Tensor, target: Tensor) -> Tensor:
-    """Scale-invariant signal-to-noise ratio in dB per row of `[B, N]` (zero-mean, Le Roux et al. 2019;
-    torchmetrics' `scale_invariant_signal_noise_ratio`)."""
-    return per_clip_si_snr(estimate, target)
 
 
 def codebook_usage(codes: Tensor, mask: Tensor, sizes: tuple[int, ...]) -> list[tuple[float, float]]:

@@ -141,11 +141,6 @@ class TokenizerDegradation(Configurable, Degradation):
         return self.tokenizer.decode(codes).clamp(-1, 1)
 
 
-def psnr(prediction: Tensor, target: Tensor) -> Tensor:
-    """Per-image PSNR in dB of images in [-1, 1] (peak-to-peak 2, i.e. the usual PSNR on [0, 1])."""
-    return per_image_psnr(prediction, target)
-
-
 def comparison_grid(condition: Tensor, *images: Tensor) -> Tensor:
     """One row per image: the condition (nearest-upsampled, so its pixels show) | each of `images`
     (e.g. refined | target), all [B, 3, H, W] in [-1, 1].
@@ -265,7 +260,7 @@ class RefinerTraining(L.LightningModule):
         if batch_idx < self.psnr_batches:
             refined = self.refiner.refine(condition, self.val_steps, generator=generator)
             upsampled = self.refiner.upsampled(condition)
-            gained, baseline = psnr(refined, pixels), psnr(upsampled, pixels)
+            gained, baseline = per_image_psnr(refined, pixels), per_image_psnr(upsampled, pixels)
             # Means over every refined image of the split, on every rank; the gain is the mean per-image gain,
             # which equals the difference of the two means.
             for name, values in (("psnr_refined", gained), ("psnr_upsampled", baseline),

@@ -389,8 +389,3 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
         )
         return model.inflate(tokenizer_2d)
 
-
-def psnr(reconstruction: Tensor, target: Tensor) -> Tensor:
-    """PSNR in dB of [-1, 1] pixels (peak-to-peak 2), per sample, after clamping the reconstruction."""
-    mse = (reconstruction.clamp(-1, 1) - target).pow(2).flatten(1).mean(1)
-    return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
