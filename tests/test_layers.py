@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("media", "world"),
     ("tokenizers",),
     ("models",),
-    ("parallel", "registry", "hub"),
+    ("parallel", "registry", "hub", "init_from"),
     ("datamodules",),
     ("analysis", "pretokenize", "inference", "evaluation"),
     ("tasks",),

@@ -17,6 +17,7 @@ from torch import Tensor
 from zoo.analysis.routing import load_entropy
 from zoo.batch import GroupBatch, Modality
 from zoo.config import save_config_hyperparameters
+from zoo.init_from import hand_over_tokenizer, load_starting_weights
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
@@ -79,6 +80,9 @@ class UnifiedPretraining(L.LightningModule):
         min_lr_ratio: the final learning rate as a fraction of `lr`.
         sampling: generation settings of `predict` and the sample callback.
         parallel: FSDP2, FP8 and activation checkpointing, applied in `configure_model` (zoo.parallel).
+        init_from: starting weights (continued pretraining, SFT; `zoo.init_from`): a Lightning checkpoint, an
+            exported folder or a hub id, loaded strictly when the task is built; its tokenizer, if it has
+            one, replaces the datamodule's at setup.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class UnifiedPretraining(L.LightningModule):
         min_lr_ratio: float = 0.1,
         sampling: SamplingConfig = SamplingConfig(),
         parallel: Parallelism = Parallelism(),
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
@@ -101,6 +106,7 @@ class UnifiedPretraining(L.LightningModule):
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
         self.sampling = sampling
         self.parallel = parallel
+        self.init_tokenizer = load_starting_weights(model, init_from).tokenizer if init_from else None
 
     def configure_model(self) -> None:
         # Lightning may call this more than once (fit then test); parallelize skips what is already done.
@@ -108,6 +114,7 @@ class UnifiedPretraining(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        hand_over_tokenizer(self.init_tokenizer, datamodule, self.model.vocab)
         vocab = getattr(datamodule, "vocab", None)
         if vocab is not None and vocab != self.model.vocab:
             raise ValueError(
