@@ -54,7 +54,7 @@ class SupervisedFineTuning(UnifiedPretraining):
         )
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
+        datamodule = getattr(self._trainer, "datamodule", None)
         if datamodule is not None and not isinstance(datamodule, ConversationDataModule):
             raise TypeError(
                 f"SupervisedFineTuning trains on conversations (ConversationDataModule), got "
