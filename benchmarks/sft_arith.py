@@ -42,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, proves nothing")
     p.add_argument("--out", default="/tmp/sft_arith", help="working directory (checkpoints, logs)")
     p.add_argument("--warm-start", default=None, help="reuse this warm-start .ckpt instead of training one")
+    p.add_argument("--sft-checkpoint", default=None, help="reuse this SFT .ckpt instead of training one")
     p.add_argument("--warm-steps", type=int, default=None, help="warm-start steps (default 150; quick 10)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT and control steps (default 100; quick 5)")
     p.add_argument("--sft-lr", type=float, default=1e-3, help="peak learning rate of SFT and the control")
@@ -150,7 +151,7 @@ def main() -> None:
         args.sft_steps = sft_steps
     times["warm_s"] = time.perf_counter() - begin
     begin = time.perf_counter()
-    tuned = sft(args, warm, out / "sft")
+    tuned = Path(args.sft_checkpoint) if args.sft_checkpoint else sft(args, warm, out / "sft")
     times["sft_s"] = time.perf_counter() - begin
     arms = {"warm_start": (warm, False), "sft": (tuned, True)}
     if args.control:
