@@ -7,10 +7,14 @@ A conversation is a list of `Turn`s, each a role and its parts: texts and media 
 
     <bos> [<|system|> text] <|user|> parts... <|assistant|> answer <eos> <|user|> parts... <|assistant|>
 
-every part of a turn right after its role token, media read (understood, never predicted), an assistant
-answer ended by `<eos>`; for generation the document ends with `<|assistant|>` and the model answers until
-`<eos>`. `answers_predicted=True` (training) makes the assistant answers and their `<eos>` the only targets:
-the loss is on what the assistant says. "developer" counts as "system" (OpenAI's newer name).
+every part of a turn right after its role token, an assistant answer ended by `<eos>`; for generation the
+document ends with `<|assistant|>` and the model answers until `<eos>`. Media of the user (and system) are
+read, never predicted: an image through the vision encoder when the maker reads images as context, else as
+codes. Media of the assistant are what it drew or said: codes, as generated (`<|assistant|> <boi> image <eoi>
+<eos>`). `answers_predicted=True` (training, SFT) makes the assistant's answers (texts, the codes of its
+images and speech, their openers) and their `<eos>` the only targets: the loss is on what the assistant says;
+no position of another turn predicts anything, not even the `<boi>` of a user's image. "developer" counts as
+"system" (OpenAI's newer name).
 
 A model trained without role tokens has never seen a conversation. For it, `plain_layout` is the rule the
 zoo used before the chat format: the turns' texts joined by newlines (the roles not written) and at most one
@@ -19,7 +23,7 @@ medium, the document a captioning or transcription prompt; answers are continuat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from zoo.datamodules.media_samples import Media
@@ -77,10 +81,12 @@ def chat_document(maker: DocumentMaker, turns: list[Turn], answers_predicted: bo
         answer = turn.role == "assistant"
         document.append(TextSegment([vocab.special(_ROLE_TOKEN[turn.role])], predict=False))
         for part in turn.parts:
+            predicted = answer and answers_predicted
             if isinstance(part, str):
-                document.append(TextSegment(maker.ids(part), predict=answer and answers_predicted))
+                document.append(TextSegment(maker.ids(part), predict=predicted))
             else:
-                document.append(maker.media(part, predict=False, where=where, context=True))
+                segment = maker.media(part, predict=predicted, where=where, context=not answer)
+                document.append(replace(segment, predict_opener=predicted))
         if answer:
             document.append(TextSegment([vocab.eos_id], predict=answers_predicted))
     if not answers_predicted:

@@ -65,12 +65,15 @@ class VisualSegment:
     `predict=True`: its codes are targets (generation); False: input only (understanding from codes).
     Instead of pixels, `codes` may hold the tokenizer's codes, flat in (frame, scale, row, col) order
     (pre-tokenized data, or generated codes fed back); `video` then says which brackets to use.
+    `predict_opener=False`: the position before `<boi>` / `<bov>` gets no target (a medium a conversation's
+    user gave is not the model's to open: the loss stays on the assistant's turns).
     """
 
     pixels: Tensor | None = None
     predict: bool = True
     codes: Tensor | None = None
     video: bool = False
+    predict_opener: bool = True
 
     def __post_init__(self) -> None:
         if (self.pixels is None) == (self.codes is None):
@@ -91,11 +94,13 @@ class AudioSegment:
     """A mono waveform `[N]` as NCP frames. `predict=False`: input only (e.g. audio to caption).
 
     Instead of a waveform, `codes` `[F, Q]` may hold the codec's codes (pre-tokenized or generated).
+    `predict_opener=False`: the position before `<boa>` gets no target (as `VisualSegment`'s).
     """
 
     wave: Tensor | None = None
     predict: bool = True
     codes: Tensor | None = None
+    predict_opener: bool = True
 
     def __post_init__(self) -> None:
         if (self.wave is None) == (self.codes is None):
@@ -108,9 +113,11 @@ class AudioSegment:
 
 @dataclass
 class ContextSegment:
-    """An image `[3, H, W]` for the vision encoder: one group of context embeddings, never a target."""
+    """An image `[3, H, W]` for the vision encoder: one group of context embeddings, never a target.
+    `predict_opener=False`: the position before its `<boi>` gets no target (as `VisualSegment`'s)."""
 
     pixels: Tensor
+    predict_opener: bool = True
 
 
 Segment = TextSegment | VisualSegment | AudioSegment | ContextSegment
@@ -266,7 +273,7 @@ class _RowWriter:
     def visual(self, segment: VisualSegment) -> None:
         layout, vocab = self.b.layout, self.b.vocab
         begin, end = ("<bov>", "<eov>") if segment.is_video else ("<boi>", "<eoi>")
-        self.text(vocab.special(begin), True)
+        self.text(vocab.special(begin), segment.predict_opener)
         self.media_break()
         frames = layout.visual_frames(segment)
         token = self.media["visual_tokens"]
@@ -310,7 +317,7 @@ class _RowWriter:
             frames = layout.audio_frames(len(segment.wave))
             self.media["audio_items"].append((AudioItem.WAVE, len(self.media["audio"]), first, frames))
             self.media["audio"].append(segment.wave)
-        boa = self.text(vocab.special("<boa>"), True)
+        boa = self.text(vocab.special("<boa>"), segment.predict_opener)
         self.media_break()
         if segment.predict:
             self.set("audio_target", boa, first)
@@ -329,7 +336,7 @@ class _RowWriter:
     def context(self, segment: ContextSegment) -> None:
         vocab = self.b.vocab
         rows, cols = self.b.layout.context_grid
-        self.text(vocab.special("<boi>"), True)
+        self.text(vocab.special("<boi>"), segment.predict_opener)
         self.media_break()
         self.media["context"].append(segment.pixels)
         token = len(self.media["context"]) - 1

@@ -46,6 +46,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from zoo.config import save_config_hyperparameters
+from zoo.init_from import load_starting_weights
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data import QueryDataModule
 from zoo.rl.engines import EngineSettings, InProcessBackend, RolloutBackend, RolloutEngine
@@ -112,8 +113,9 @@ class RLTask(L.LightningModule):
         update: queries and responses per step, micro-batches, PPO epochs, router replay, the controls.
         optim: the default optimizer, the gradient clip, and the parameters RL keeps frozen.
         scoring: the truncation policy, the verifier pool, the validation budget.
-        init_from: starting weights: a `UnifiedPretraining` Lightning checkpoint or a hub directory
-            (its tokenizer, if any, replaces the datamodule's). Read when the task is built.
+        init_from: starting weights (`zoo.init_from`): a Lightning checkpoint of pretraining or SFT, an
+            exported folder or a hub id, loaded strictly (its tokenizer, if any, replaces the datamodule's).
+            Read when the task is built.
         rollout_backend: where the engines and verifiers run (`zoo.rl.engines.RolloutBackend`): None (the
             default) is `InProcessBackend` (one engine in this process); `zoo.rl.ray_backend.RayBackend`
             puts engines and verifiers in Ray actors.
@@ -152,7 +154,7 @@ class RLTask(L.LightningModule):
         self.version = 0
         self.init_tokenizer = None
         if init_from is not None:
-            self.init_tokenizer = load_starting_weights(self.model, init_from)
+            self.init_tokenizer = load_starting_weights(self.model, init_from).tokenizer
         # Plain attributes (not submodules): the engine's and the reference's weights are not checkpointed.
         reference = copy.deepcopy(model).eval().requires_grad_(False) if loss.kl_coef > 0 else None
         self.policy_update = PolicyUpdate(model, loss, update, rollout.temperature, reference)
@@ -406,26 +408,3 @@ class RLTask(L.LightningModule):
             if "scheduler" in state:  # older checkpoints had neither
                 self.scheduler.load_checkpoint_state(state["scheduler"])
                 self._engine_rng = state["engine_rng"]
-
-
-def load_starting_weights(model: UnifiedModel, path: str):  # noqa: ANN201 (TextTokenizer | None)
-    """Load a `UnifiedPretraining` checkpoint (.ckpt) or a hub directory into `model` (strict); returns the
-    tokenizer stored with it, if any. The architecture in the RL config must match the checkpoint's."""
-    from pathlib import Path
-
-    from zoo.hub import load_lightning_checkpoint, load_tokenizer, load_weights
-
-    p = Path(path)
-    if p.is_dir() and (p / "model.safetensors").is_file():
-        load_weights(model, p / "model.safetensors")
-        return load_tokenizer(p)
-    if p.suffix == ".ckpt" or p.is_dir():
-        loaded, tokenizer = load_lightning_checkpoint(p)
-        try:
-            model.load_state_dict(loaded.state_dict(), strict=True)
-        except RuntimeError as err:
-            raise ValueError(
-                f"init_from {p}: its weights do not fit the RL config's model (same architecture?): {err}"
-            ) from err
-        return tokenizer
-    raise ValueError(f"init_from {p}: expected a Lightning .ckpt or a hub directory with model.safetensors")

@@ -18,6 +18,7 @@ from torch import Tensor
 from zoo.analysis.routing import load_entropy
 from zoo.batch import GroupBatch, Modality
 from zoo.config import save_config_hyperparameters
+from zoo.init_from import hand_over_tokenizer, load_starting_weights
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
 from zoo.models.unified import UnifiedModel
@@ -93,6 +94,9 @@ class UnifiedPretraining(L.LightningModule):
             (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
             `warmup_steps` and `min_lr_ratio`.
+        init_from: starting weights (continued pretraining, SFT; `zoo.init_from`): a Lightning checkpoint, an
+            exported folder or a hub id, loaded strictly when the task is built; its tokenizer, if it has
+            one, replaces the datamodule's at setup.
     """
 
     # With parallel.fsdp, `zoo fit` builds the model on `meta` and `configure_model` materialises each rank's
@@ -112,12 +116,13 @@ class UnifiedPretraining(L.LightningModule):
         parallel: Parallelism = Parallelism(),
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
-        refuse_replaced_arguments(UnifiedPretraining, "optimizer", optimizer, {"lr": lr, "betas": betas})
+        refuse_replaced_arguments(type(self), "optimizer", optimizer, {"lr": lr, "betas": betas})
         schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
-        refuse_replaced_arguments(UnifiedPretraining, "lr_scheduler", lr_scheduler, schedule)
+        refuse_replaced_arguments(type(self), "lr_scheduler", lr_scheduler, schedule)
         self.optimizer_callable, self.lr_scheduler_callable = optimizer, lr_scheduler
         self.model = model
         self.elastic = elastic
@@ -125,6 +130,7 @@ class UnifiedPretraining(L.LightningModule):
         self.warmup_steps, self.min_lr_ratio = warmup_steps, min_lr_ratio
         self.sampling = sampling
         self.parallel = parallel
+        self.init_tokenizer = load_starting_weights(model, init_from).tokenizer if init_from else None
 
     def configure_model(self) -> None:
         # Lightning may call this more than once (fit then test); parallelize skips what is already done.
@@ -132,6 +138,7 @@ class UnifiedPretraining(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        hand_over_tokenizer(self.init_tokenizer, datamodule, self.model.vocab)
         vocab = getattr(datamodule, "vocab", None)
         if vocab is not None and vocab != self.model.vocab:
             raise ValueError(
