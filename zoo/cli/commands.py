@@ -152,9 +152,9 @@ def push_main(argv: list[str]) -> None:
     from zoo.hub import holds_unified_model, load_checkpoint_component, load_lightning_checkpoint, push_to_hub
 
     parser = _parser("push")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="a Lightning checkpoint of a zoo task")
-    source.add_argument("--folder", help="a folder `zoo export` or save_pretrained wrote, uploaded as is")
+    # One of the two, checked after parsing: argparse's required group would not see a value from --config.
+    parser.add_argument("--checkpoint", help="a Lightning checkpoint of a zoo task (or give --folder)")
+    parser.add_argument("--folder", help="a folder `zoo export` or save_pretrained wrote, uploaded as is")
     parser.add_argument("--repo_id", required=True, help="user/name on the hub")
     parser.add_argument("--token", default=None, help="hub token (default: the saved login / HF_TOKEN)")
     parser.add_argument("--private", action="store_true", help="create the repo private")
@@ -163,6 +163,8 @@ def push_main(argv: list[str]) -> None:
     _add_hub_metadata(parser)
     _add_components(parser, "hub id")
     args = parser.parse_args(argv)
+    if (args.checkpoint is None) == (args.folder is None):
+        parser.error("give one of --checkpoint (a Lightning checkpoint) or --folder (an exported folder)")
     hub = {"token": args.token, "private": args.private, "endpoint": args.endpoint,
            "overwrite_card": args.overwrite_card}
     if args.folder:
