@@ -17,12 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from zoo.rl.records import Query
-from zoo.rl.verifiers import VerifierResult, run_verifier, verifier_for
+from zoo.rl.verifiers import TicketPool, VerifierResult, run_verifier
 
 try:
     import ray
@@ -64,7 +63,7 @@ class _Slot:
     sent: float = 0.0
 
 
-class RayVerifierPool:
+class RayVerifierPool(TicketPool):
     """Scores outputs in Ray actors, with a per-call timeout (see the module docstring).
 
     Args:
@@ -129,48 +128,14 @@ class RayVerifierPool:
     def collect(
         self, tickets: Iterable[int] | None = None, timeout: float | None = None
     ) -> dict[int, VerifierResult]:
-        """Results of `tickets` (default: every call not yet collected), waiting for them (a hang is cut by
-        `timeout_s`); `timeout` bounds the wait itself, calls still running then are left for later."""
-        wanted = list(self._submitted_at) if tickets is None else list(tickets)
-        unknown = [t for t in wanted if t not in self._submitted_at and t not in self._results]
-        if unknown:
-            raise KeyError(f"unknown or already collected tickets: {unknown[:5]}")
-        end = None if timeout is None else time.perf_counter() + timeout
         self._pump(0.0)  # results that came back, deadlines and dead actors are seen even when none is wanted
-        while any(t not in self._results for t in wanted):
-            if end is not None and time.perf_counter() >= end:
-                break
-            self._pump(0.05)
-        out = {}
-        for t in wanted:
-            if t in self._results:
-                out[t] = self._results.pop(t)
-                self._submitted_at.pop(t, None)
-        return out
-
-    def map(self, fn: Callable[..., object], calls: Sequence[tuple]) -> list[VerifierResult]:
-        tickets = [self.submit(fn, *args) for args in calls]
-        results = self.collect(tickets)
-        return [results[t] for t in tickets]
-
-    def score(self, queries: Sequence[Query], outputs: Sequence[object]) -> list[VerifierResult]:
-        if len(queries) != len(outputs):
-            raise ValueError(f"{len(queries)} queries but {len(outputs)} outputs")
-        tickets = [self.submit(verifier_for(q.task), q, o) for q, o in zip(queries, outputs, strict=True)]
-        results = self.collect(tickets)
-        return [results[t] for t in tickets]
+        return super().collect(tickets, timeout)
 
     def close(self) -> None:
         """Stop the actors (a busy one is killed; its call gets no result)."""
         for slot in self._slots:
             ray.kill(slot.actor)
         self._slots = []
-
-    def __enter__(self) -> RayVerifierPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- internals -----------------------------------------------------------------------------------
     def _finish(self, ticket: int, reward: float, error: str | None) -> None:

@@ -199,7 +199,70 @@ class _Worker:
     sent: float = 0.0
 
 
-class VerifierPool:
+class TicketPool:
+    """The ticket side of a verifier pool, shared by `VerifierPool` (worker processes) and
+    `zoo.rl.ray_verifiers.RayVerifierPool` (Ray actors): `submit` hands out tickets, `_pump(wait_s)` moves
+    calls along and files finished ones in `_results`; collecting, mapping and scoring are the same over both.
+    """
+
+    _submitted_at: dict[int, float]  # ticket -> when it was submitted, until collected
+    _results: dict[int, VerifierResult]  # finished, not yet collected
+
+    def submit(self, fn: Callable[..., object], *args: object) -> int:
+        raise NotImplementedError
+
+    def _pump(self, wait_s: float) -> None:
+        raise NotImplementedError
+
+    def collect(
+        self, tickets: Iterable[int] | None = None, timeout: float | None = None
+    ) -> dict[int, VerifierResult]:
+        """Results of `tickets` (default: every submitted call not yet collected), waiting for them.
+
+        Every ticket gets a result: a hang is cut by `timeout_s`, so this returns in bounded time.
+        `timeout` (optional) bounds the wait itself; calls still running then are left for later.
+        """
+        wanted = list(self._submitted_at) if tickets is None else list(tickets)
+        unknown = [t for t in wanted if t not in self._submitted_at and t not in self._results]
+        if unknown:
+            raise KeyError(f"unknown or already collected tickets: {unknown[:5]}")
+        end = None if timeout is None else time.perf_counter() + timeout
+        while any(t not in self._results for t in wanted):
+            if end is not None and time.perf_counter() >= end:
+                break
+            self._pump(0.05)
+        out = {}
+        for t in wanted:
+            if t in self._results:
+                out[t] = self._results.pop(t)
+                self._submitted_at.pop(t, None)
+        return out
+
+    def map(self, fn: Callable[..., object], calls: Sequence[tuple]) -> list[VerifierResult]:
+        """Run `fn(*args)` for every tuple in `calls`; results in order."""
+        tickets = [self.submit(fn, *args) for args in calls]
+        results = self.collect(tickets)
+        return [results[t] for t in tickets]
+
+    def score(self, queries: Sequence[Query], outputs: Sequence[object]) -> list[VerifierResult]:
+        """Each output scored by its query's task verifier (`VERIFIERS`)."""
+        if len(queries) != len(outputs):
+            raise ValueError(f"{len(queries)} queries but {len(outputs)} outputs")
+        tickets = [self.submit(verifier_for(q.task), q, o) for q, o in zip(queries, outputs, strict=True)]
+        results = self.collect(tickets)
+        return [results[t] for t in tickets]
+
+    def __enter__(self) -> TicketPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class VerifierPool(TicketPool):
     """Scores outputs in CPU worker processes, with a per-call timeout.
 
         pool = VerifierPool(workers=2, timeout_s=5.0)
@@ -271,12 +334,6 @@ class VerifierPool:
             worker.conn.close()
         self._pool = []
 
-    def __enter__(self) -> VerifierPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __del__(self) -> None:
         if getattr(self, "_pool", None):
             self.close()
@@ -296,43 +353,6 @@ class VerifierPool:
             self._pump(0.0)
         return ticket
 
-    def collect(
-        self, tickets: Iterable[int] | None = None, timeout: float | None = None
-    ) -> dict[int, VerifierResult]:
-        """Results of `tickets` (default: every submitted call not yet collected), waiting for them.
-
-        Every ticket gets a result: a hang is cut by `timeout_s`, so this returns in bounded time.
-        `timeout` (optional) bounds the wait itself; calls still running then are left for later.
-        """
-        wanted = list(self._submitted_at) if tickets is None else list(tickets)
-        unknown = [t for t in wanted if t not in self._submitted_at and t not in self._results]
-        if unknown:
-            raise KeyError(f"unknown or already collected tickets: {unknown[:5]}")
-        end = None if timeout is None else time.perf_counter() + timeout
-        while any(t not in self._results for t in wanted):
-            if end is not None and time.perf_counter() >= end:
-                break
-            self._pump(0.05)
-        out = {}
-        for t in wanted:
-            if t in self._results:
-                out[t] = self._results.pop(t)
-                self._submitted_at.pop(t, None)
-        return out
-
-    def map(self, fn: Callable[..., object], calls: Sequence[tuple]) -> list[VerifierResult]:
-        """Run `fn(*args)` for every tuple in `calls`; results in order."""
-        tickets = [self.submit(fn, *args) for args in calls]
-        results = self.collect(tickets)
-        return [results[t] for t in tickets]
-
-    def score(self, queries: Sequence[Query], outputs: Sequence[object]) -> list[VerifierResult]:
-        """Each output scored by its query's task verifier (`VERIFIERS`)."""
-        if len(queries) != len(outputs):
-            raise ValueError(f"{len(queries)} queries but {len(outputs)} outputs")
-        tickets = [self.submit(verifier_for(q.task), q, o) for q, o in zip(queries, outputs, strict=True)]
-        results = self.collect(tickets)
-        return [results[t] for t in tickets]
 
     # -- internals -----------------------------------------------------------------------------------
     def _finish(self, ticket: int, reward: float, error: str | None) -> None:
