@@ -13,7 +13,7 @@ count each clip as one sample for PSNR and each frame as one image for SSIM.
 Learned metrics need weights the zoo never downloads (machines may be offline, and a metric's network must
 be the one its figures are quoted with). They are off by default; asked for, they need a local file:
 - rFID: torchmetrics' `FrechetInceptionDistance` with `feature_extractor_weights_path` (the FID Inception
-  weights, `pt_inception-2015-12-05-6726825d.pth`); needs the `torch-fidelity` package.
+  weights, `pt_inception-2015-12-05-6726825d.pth`); needs the `torch-fidelity` package (the `fid` extra).
 - LPIPS: torchmetrics' `LearnedPerceptualImagePatchSimilarity` builds torchvision's AlexNet / VGG / SqueezeNet
   and the LPIPS heads, fetched from the internet on first use into torch hub's cache (`TORCH_HOME`); it takes
   no path, so `lpips_metric` wants a torch hub folder that already holds them and points `TORCH_HOME` there
