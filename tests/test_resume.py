@@ -218,7 +218,12 @@ def checkpoint_callback(dirpath: Path, every: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("rule", list(STOPPING_RULES))
+# max_steps runs by default; the epoch and time rules (the same resume path, other stopping checks) are slow
+# tests, to keep `make test` under 15 minutes.
+@pytest.mark.parametrize(
+    "rule",
+    [rule if rule == "max_steps" else pytest.param(rule, marks=pytest.mark.slow) for rule in STOPPING_RULES],
+)
 def test_a_run_killed_mid_epoch_resumes_from_the_last_checkpoint_with_the_uninterrupted_losses(
     tmp_path, rule
 ):  # ~25 s each: two runs side by side, then the resumed one

@@ -47,7 +47,14 @@ def clean_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.argv", ["zoo"])
 
 
-@pytest.mark.parametrize("stage", list(STAGES))
+# Pretraining and the 2D tokenizer run by default; the other stages (the same LightningCLI path, their own
+# test_step) are slow tests, to keep `make test` under 15 minutes.
+FAST_STAGES = ("pretrain", "visual_2d")
+
+
+@pytest.mark.parametrize(
+    "stage", [s if s in FAST_STAGES else pytest.param(s, marks=pytest.mark.slow) for s in STAGES]
+)
 def test_zoo_validate_and_zoo_test_log_the_same_figures_under_val_and_test(
     stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
