@@ -28,7 +28,7 @@ from zoo.hub.components import (
 )
 from zoo.models.unified import UnifiedModel
 from zoo.publishing.building import build_from_config
-from zoo.publishing.cards import card_data, metrics_table, render_card
+from zoo.publishing.cards import card_data, data_and_usage, render_card
 from zoo.publishing.component import load_component, load_weights_strictly
 from zoo.publishing.layout import (
     CARD_NAME,
@@ -175,27 +175,16 @@ def model_card(
         "",
         *(["## Components", "", "Loaded from their own folders (not stored here):", "", *components, ""]
           if components else []),
-        "## Training data",
-        "",
-        ", ".join(config["datasets"]) or "not recorded",
-        "",
-        "## Metrics",
-        "",
-        metrics_table(config["metrics"]),
-        "",
-        "## Usage",
-        "",
-        "```python",
-        "import zoo",
-        "from zoo.hub import load_tokenizer",
-        "",
-        f'model = zoo.load_pretrained("{repo_id}")',
-        f'tokenizer = load_tokenizer("{repo_id}")',
-        'prompt = model.vocab.text_to_unified(tokenizer.encode("hello")).tolist()',
-        "ids = model.generate([[model.vocab.bos_id, *prompt]], max_new_tokens=32)",
-        "print(tokenizer.decode(model.vocab.unified_to_text(ids[0]).tolist()))",
-        "```",
-        "",
+        *data_and_usage(config["datasets"], config["metrics"], [
+            "import zoo",
+            "from zoo.hub import load_tokenizer",
+            "",
+            f'model = zoo.load_pretrained("{repo_id}")',
+            f'tokenizer = load_tokenizer("{repo_id}")',
+            'prompt = model.vocab.text_to_unified(tokenizer.encode("hello")).tolist()',
+            "ids = model.generate([[model.vocab.bos_id, *prompt]], max_new_tokens=32)",
+            "print(tokenizer.decode(model.vocab.unified_to_text(ids[0]).tolist()))",
+        ]),
         f"Files: `{CONFIG_NAME}` (rebuilds the module, no code executed), `{WEIGHTS_NAME}`"
         + (f", `{TOKENIZER_NAME}`" if config["tokenizer"] else "")
         + ".",

@@ -83,6 +83,15 @@ def metrics_table(metrics: Mapping[str, float]) -> str:
     return "| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v:.4g} |" for k, v in metrics.items())
 
 
+def data_and_usage(datasets: Sequence[str], metrics: Mapping[str, float], usage: Sequence[str]) -> list[str]:
+    """The card sections every published folder shares: training data, metrics, and a usage snippet."""
+    return [
+        "## Training data", "", ", ".join(datasets) or "not recorded", "",
+        "## Metrics", "", metrics_table(metrics), "",
+        "## Usage", "", "```python", *usage, "```", "",
+    ]  # fmt: skip
+
+
 def render_card(data: Any, title: str, body: Sequence[str]) -> Any:
     """A `ModelCard`: the metadata header, a title and the body's lines."""
     from huggingface_hub import ModelCard

@@ -29,7 +29,7 @@ from safetensors.torch import load_model, save_model
 
 from zoo.config import Configurable, to_config
 from zoo.publishing.building import build_from_config, resolve_class
-from zoo.publishing.cards import card_data, metrics_table, render_card
+from zoo.publishing.cards import card_data, data_and_usage, render_card
 from zoo.publishing.layout import CARD_NAME, COMPONENT_FORMAT, CONFIG_NAME, WEIGHTS_NAME, read_config
 from zoo.publishing.transfer import push_folder, resolve
 from zoo.trust import UnsafeConfigError
@@ -136,21 +136,9 @@ class PretrainedComponent(Configurable):
             f"- parameters: {config['num_parameters']:,}",
             *self.card_facts(),
             "",
-            "## Training data",
-            "",
-            ", ".join(config["datasets"]) or "not recorded",
-            "",
-            "## Metrics",
-            "",
-            metrics_table(config["metrics"]),
-            "",
-            "## Usage",
-            "",
-            "```python",
-            *usage,
-            *([cls.hub_usage] if cls.hub_usage else []),
-            "```",
-            "",
+            *data_and_usage(
+                config["datasets"], config["metrics"], [*usage, *([cls.hub_usage] if cls.hub_usage else [])]
+            ),
             f"Files: `{CONFIG_NAME}` (rebuilds the module through the zoo's allow-list, no code executed), "
             f"`{WEIGHTS_NAME}` (loaded strictly).",
         ]

@@ -39,7 +39,7 @@ from zoo.rl.engines import EngineSettings
 from zoo.rl.policy import full_state_dict
 from zoo.rl.prompts import is_document
 from zoo.rl.records import Query, Rollout, document_from_state, document_state
-from zoo.rl.rollout import EngineStats
+from zoo.rl.rollout import EngineStats, GeneratesToEnd
 
 try:
     import ray
@@ -179,7 +179,7 @@ class EngineWorker:
         return [rollout_update(h, r) for h, r in zip(handles, rollouts, strict=True)]
 
 
-class RayEngineGroup:
+class RayEngineGroup(GeneratesToEnd):
     """N engine actors behind the `RolloutEngine` protocol (see the module docstring).
 
     Args:
@@ -373,16 +373,6 @@ class RayEngineGroup:
         seen = {id(r) for r in listed}  # requeued after a death: as the trainer last knew them
         listed += [self._rollouts[h] for h in sorted(self._rollouts) if id(self._rollouts[h]) not in seen]
         return listed
-
-    def generate(
-        self, prompts: list[Prompt], queries: list[Query], max_new_tokens: list[int] | None = None
-    ) -> list[Rollout]:
-        if self.pending:
-            raise RuntimeError(f"generate() needs an idle engine; {self.pending} sequences are in flight")
-        rollouts = self.start(prompts, queries, max_new_tokens)
-        while self.pending:
-            self.step(64)
-        return rollouts
 
     def sync(self, model: UnifiedModel, version: int) -> None:
         """Push `model`'s weights as policy `version`: one `ray.put`, the same reference to every engine."""

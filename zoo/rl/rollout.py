@@ -89,7 +89,22 @@ class _Row:
         return sum(t.shape[0] for t in next(iter(self.routing.values()), []))
 
 
-class InferenceEngine:
+class GeneratesToEnd:
+    """`generate` for an engine with `pending`, `start` and `step` (`InferenceEngine`, `RayEngineGroup`)."""
+
+    def generate(
+        self, prompts: list[Prompt], queries: list[Query], max_new_tokens: list[int] | None = None
+    ) -> list[Rollout]:
+        """Generate every prompt to the end (blocking); rollouts in the order of the prompts."""
+        if self.pending:
+            raise RuntimeError(f"generate() needs an idle engine; {self.pending} sequences are in flight")
+        rollouts = self.start(prompts, queries, max_new_tokens)
+        while self.pending:
+            self.step(64)
+        return rollouts
+
+
+class InferenceEngine(GeneratesToEnd):
     """Continuous-batching generation on a private copy of the policy (see the module docstring).
 
     Args:
@@ -302,17 +317,6 @@ class InferenceEngine:
         return len(self._active)
 
     # ------------------------------------------------------------------------------------------ stepping
-
-    def generate(
-        self, prompts: list[Prompt], queries: list[Query], max_new_tokens: list[int] | None = None
-    ) -> list[Rollout]:
-        """Generate every prompt to the end (blocking); rollouts in the order of the prompts."""
-        if self.pending:
-            raise RuntimeError(f"generate() needs an idle engine; {self.pending} sequences are in flight")
-        rollouts = self.start(prompts, queries, max_new_tokens)
-        while self.pending:
-            self.step(64)
-        return rollouts
 
     @torch.no_grad()
     def step(self, n_steps: int = 1) -> list[Rollout]:
