@@ -121,6 +121,24 @@ def test_a_distributed_checkpoint_that_does_not_fit_its_hyper_parameters_is_refu
         raise AssertionError("a checkpoint of 16 experts loaded into a model of 8")
 
 
+def test_zoo_export_of_a_distributed_checkpoint_writes_shards_past_max_shard_size(tmp_path, capsys):
+    from zoo.cli import main as cli_main
+    from zoo.hub import from_pretrained
+
+    model = build_model()
+    write_distributed_checkpoint(model, tmp_path / "last.ckpt")
+    out = tmp_path / "exported"
+    checkpoint = str(tmp_path / "last.ckpt")
+    cli_main(["export", "--checkpoint", checkpoint, "--out", str(out), "--max_shard_size", "20MB"])
+    assert "wrote" in capsys.readouterr().out
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) == 3 and (out / "model.safetensors.index.json").is_file()  # 48 MB in 20 MB shards
+    assert not (out / "model.safetensors").exists()
+    exported = from_pretrained(out)
+    for name, value in model.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], value), name
+
+
 def _status_bytes(field: str) -> int:
     """`VmRSS` (resident now) or `VmHWM` (its peak) of this process, from /proc/self/status. Not `ru_maxrss`:
     Linux carries that over from the parent through fork and exec (the pytest process, far larger)."""
