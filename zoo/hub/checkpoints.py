@@ -110,8 +110,8 @@ def build_task_part(checkpoint: Mapping[str, Any], key: str, path: Path) -> nn.M
 
 
 def load_lightning_checkpoint(path: str | Path) -> tuple[UnifiedModel, TextTokenizer | None]:
-    """The unified model of a `UnifiedPretraining` checkpoint (a file, or an FSDP2 distributed folder, which
-    this consolidates), and the tokenizer the datamodule stored in it.
+    """The unified model of a `UnifiedPretraining` checkpoint (a file, or an FSDP2 distributed folder), and
+    the tokenizer the datamodule stored in it.
 
     Read with `weights_only=True` (nothing unpickled); the model is rebuilt from the task's `model`
     hyper-parameter through the same allow-list as hub configs, and its weights load with `strict=True`
