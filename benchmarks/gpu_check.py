@@ -7,6 +7,8 @@ plain loop (forward, backward, AdamW step) on fixed random packed text rows, in 
     bf16_sdpa_compiled   + regional compile (Parallelism(compile=True))
     bf16_flex_compiled   + FlexAttention's BlockMask (Parallelism(attention="flex"))
     fp8_flex_compiled    + torchao float8 linears (Parallelism(fp8=True))
+    fp8_experts_flex_compiled  + FP8 rowwise grouped GEMMs for the routed experts (fp8_experts=True;
+                         SM90+ only: `--dry` skips it and says why, zoo/float8_experts.py)
 
 and the MoE layer against a dense SwiGLU of equal active FLOPs (hidden = (top_k + shared) * expert_hidden),
 forward + backward on the same tokens (`moe_over_dense_time`: the grouped-GEMM dispatch's cost over the
@@ -35,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from zoo.batch import IGNORE_INDEX, GroupBatch  # noqa: E402
 from zoo.datamodules.sequence import SequenceBuilder, TextSegment  # noqa: E402
+from zoo.float8_experts import fp8_experts_unavailable  # noqa: E402
 from zoo.models.moe import MoEFeedForward, SwiGLU  # noqa: E402
 from zoo.models.unified import UnifiedModel  # noqa: E402
 from zoo.parallel import Parallelism, parallelize  # noqa: E402
@@ -53,6 +56,7 @@ class Variant:
     fp8: bool
     attention: str
     compile: bool
+    fp8_experts: bool = False
 
 
 VARIANTS = (
@@ -60,6 +64,7 @@ VARIANTS = (
     Variant("bf16_sdpa_compiled", False, "sdpa", True),
     Variant("bf16_flex_compiled", False, "flex", True),
     Variant("fp8_flex_compiled", True, "flex", True),
+    Variant("fp8_experts_flex_compiled", True, "flex", True, fp8_experts=True),
 )
 
 
@@ -93,6 +98,7 @@ def train_variant(
     forward_only = dry and variant.attention == "flex"
     parallel = Parallelism(
         fp8=variant.fp8,
+        fp8_experts=variant.fp8_experts,
         attention=variant.attention,
         compile=variant.compile,
         compile_backend="aot_eager" if dry else "inductor",
@@ -207,6 +213,9 @@ def main() -> None:
     for preset in presets:
         log(f"{preset}: {rows} rows of {seq}, {steps} timed steps")
         for variant in VARIANTS:
+            if variant.fp8_experts and args.dry:  # no CPU kernel: the dry run records why it skipped
+                result[f"{preset}_{variant.name}_skipped"] = fp8_experts_unavailable("cpu")
+                continue
             try:
                 figures = train_variant(preset, variant, rows, seq, steps, device, args.dry)
             except Exception as err:  # one broken variant must not hide the others' figures

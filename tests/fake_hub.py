@@ -16,7 +16,8 @@ import pytest
 
 class FakeHub(BaseHTTPRequestHandler):
     """The endpoints HfApi.create_repo, file_exists and upload_folder call (xet disabled): create,
-    validate-yaml, preupload (everything uploads inline as "regular") and the NDJSON commit; and those of
+    validate-yaml, preupload (everything uploads inline as "regular") and the NDJSON commit (added and deleted
+files); and those of
     snapshot_download: revision info, the file tree, then HEAD + GET per file."""
 
     requests: list[tuple[str, dict]] = []
@@ -45,6 +46,8 @@ class FakeHub(BaseHTTPRequestHandler):
                 item = json.loads(line)
                 if item["key"] == "file":
                     FakeHub.repos[repo][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+                elif item["key"] == "deletedFile":
+                    del FakeHub.repos[repo][item["value"]["path"]]
             sha = hashlib.sha1(f"{repo}:{len(FakeHub.requests)}".encode()).hexdigest()
             FakeHub.heads[repo] = sha
             self.reply({"commitUrl": f"{root}/{repo}/commit/{sha}", "commitOid": sha})

@@ -42,6 +42,9 @@ class Parallelism:
         fsdp: shard parameters, gradients and optimiser state with FSDP2 over the data-parallel ranks
             (needs `ModelParallelStrategy` or `FSDP2Strategy`, which provide the device mesh).
         fp8: torchao float8 training of the linear layers the filter admits (`fp8_module_filter`).
+        fp8_experts: FP8 rowwise grouped GEMMs for the routed experts' weights (torchao's MoE training
+            path, `zoo.float8_experts`): CUDA with compute capability 9.0+ only; refused elsewhere, naming
+            the reason. Independent of `fp8` (the linears); both together is the full FP8 recipe.
         activation_checkpointing: recompute each transformer block in the backward pass.
         fp8_all_gather: with fsdp and fp8, all-gather float8 weights (half the bytes of bf16).
         compile: `torch.compile` each transformer block on its own (regional compilation).
@@ -59,6 +62,7 @@ class Parallelism:
     compile: bool = False
     compile_backend: str = "inductor"
     attention: Literal["sdpa", "flex"] = "sdpa"
+    fp8_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8_all_gather and not (self.fsdp and self.fp8):
@@ -116,7 +120,7 @@ def high_precision_linears(model: UnifiedModel) -> set[nn.Module]:
 def fp8_module_filter(model: UnifiedModel):  # noqa: ANN201 (torchao's (module, fqn) -> bool callable)
     """The `module_filter_fn` of `convert_to_float8_training`: an `nn.Linear` whose in and out features
     are multiples of 16 and that is not in `high_precision_linears`. Embeddings are not linears, and the
-    routed experts are stacked `nn.Parameter`s multiplied by grouped GEMMs, so both stay high precision."""
+    routed experts are stacked `nn.Parameter`s multiplied by grouped GEMMs (`fp8_experts` converts those)."""
     keep = high_precision_linears(model)
 
     def admit(module: nn.Module, fqn: str) -> bool:
@@ -171,6 +175,10 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
         if not any(isinstance(m, Float8Linear) for m in model.modules()):
             fp8 = Float8LinearConfig(enable_fsdp_float8_all_gather=config.fp8_all_gather)
             convert_to_float8_training(model, config=fp8, module_filter_fn=fp8_module_filter(model))
+    if config.fp8_experts:  # the routed experts' stacked weights, which the linear conversion never sees
+        from zoo.float8_experts import convert_experts_to_float8
+
+        convert_experts_to_float8(model, mesh.device_type if mesh is not None else None)
 
     if config.activation_checkpointing:
         for parent, name, block in transformer_blocks(model):

@@ -1,7 +1,8 @@
 """Loading safetensors weights into a component (no code execution, strict key matching).
 
 Used by components that accept a `weights` path at construction (a tokenizer trained in an earlier
-stage, an encoder pretrained on its own). Kept free of model imports so that any module can use it.
+stage, an encoder pretrained on its own). Kept free of model imports so that any module can use it; a saved
+folder's shards are read by `zoo.publishing.shards`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,22 @@ from torch import nn
 
 
 def load_weights_file(module: nn.Module, path: str | Path, what: str = "weights") -> None:
-    """Load `path` (a `.safetensors` file, or a folder holding `model.safetensors`) into `module`, strictly.
+    """Load `path` (a `.safetensors` file, or a folder holding `model.safetensors` or the shards of
+    `model.safetensors.index.json`) into `module`, strictly.
 
     Raises FileNotFoundError naming the file when it is missing, ValueError when its tensors do not fit.
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "model.safetensors"
+        from zoo.publishing.shards import load_weights  # a saved folder, in either layout
+
+        try:
+            return load_weights(module, path)
+        except FileNotFoundError as err:
+            expected = "model.safetensors or model.safetensors.index.json with its shards"
+            raise FileNotFoundError(f"{what}: {err} (expected a folder with {expected})") from err
+        except ValueError as err:
+            raise ValueError(f"{what}: cannot load {path} into {type(module).__name__}: {err}") from err
     if not path.is_file():
         expected = "a .safetensors file or a folder with model.safetensors"
         raise FileNotFoundError(f"{what}: {path} does not exist (expected {expected})")

@@ -61,6 +61,8 @@ def _add_hub_metadata(parser: argparse.ArgumentParser) -> None:
                         "the first of --datasets)")
     parser.add_argument("--key", default=None, help="a component task's hyper-parameter holding the "
                         "component, when it has several")
+    parser.add_argument("--max_shard_size", default=None, help="weights past this size (bytes, or 5GB, "
+                        "200MB) are written as shards with model.safetensors.index.json (default 5GB)")
 
 
 def _add_components(parser: argparse.ArgumentParser, what: str) -> None:
@@ -92,9 +94,12 @@ def _metrics(values: list[str]) -> dict[str, float]:
 
 
 def _card_arguments(args: argparse.Namespace) -> dict:
+    from zoo.publishing.shards import MAX_SHARD_SIZE
+
+    size = args.max_shard_size or MAX_SHARD_SIZE
     return {
         "datasets": args.datasets, "license": args.license, "metrics": _metrics(args.metrics),
-        "eval_dataset": args.eval_dataset,
+        "eval_dataset": args.eval_dataset, "max_shard_size": int(size) if str(size).isdigit() else size,
     }
 
 
@@ -168,8 +173,8 @@ def push_main(argv: list[str]) -> None:
     hub = {"token": args.token, "private": args.private, "endpoint": args.endpoint,
            "overwrite_card": args.overwrite_card}
     if args.folder:
-        card_flags = [f"--{k}" for k in ("datasets", "license", "metrics", "eval_dataset", "key", "component")
-                      if getattr(args, k)]
+        card_flags = [f"--{k}" for k in ("datasets", "license", "metrics", "eval_dataset", "key", "component",
+                                         "max_shard_size") if getattr(args, k)]
         if card_flags:  # the folder's card and config were written at export: say so rather than drop them
             raise SystemExit(f"zoo push --folder uploads the folder as it is; {card_flags} apply to "
                              "--checkpoint (or re-export the folder with them)")

@@ -5,7 +5,8 @@ tokenizer under `TOKENIZER_KEY`); the component tasks hold theirs under theirs (
 `tokenizer`, `AudioTokenizerTask` `codec`, `VisionEncoderPretraining` `encoder`, `RefinerTraining`
 `refiner`), each kept as the task's attribute of the same name, so its tensors sit under `<name>.` in the
 state dict. Models are rebuilt through the allow-list with their construction-only arguments cleared (the
-state dict brings the weights) and loaded with `strict=True`.
+state dict brings the weights) and loaded with `strict=True`. A distributed (FSDP2) folder is read into the
+rebuilt model in place (`distributed.py`), so loading or exporting it holds one copy of the weights.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from zoo.hub.components import UNIFIED_COMPONENTS, is_component_folder
+from zoo.hub.distributed import is_distributed_checkpoint, load_distributed_part, read_meta
 from zoo.models.unified import UnifiedModel
 from zoo.publishing.building import build_from_config, resolve_class, without_construction_only
 from zoo.publishing.component import PretrainedComponent
@@ -29,15 +31,13 @@ TOKENIZER_KEY = "zoo_tokenizer"  # where a checkpoint keeps its text tokenizer, 
 
 def _read_checkpoint(path: Path) -> dict:
     """A Lightning checkpoint as one dict: a file, or a distributed (DCP) folder, one shard per rank plus
-    Lightning's `meta.pt`, consolidated into full tensors on this process."""
-    if not path.is_dir():
+    Lightning's `meta.pt`, consolidated into full tensors on this process (every tensor, optimizer states
+    included: the models and components below read a folder in place instead)."""
+    if not is_distributed_checkpoint(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    meta = path / "meta.pt"
-    if not meta.is_file():
-        raise ValueError(f"{path} is a folder but not a Lightning distributed checkpoint (no meta.pt in it)")
-    checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
+    checkpoint = read_meta(path)
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "consolidated.pt"
         dcp_to_torch_save(path, merged)  # torch's converter: Lightning's own fails on these folders
@@ -48,15 +48,31 @@ def _read_checkpoint(path: Path) -> dict:
 def read_lightning_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint as a dict with a `state_dict`, read with `weights_only=True` (nothing unpickled)."""
     path = Path(path)
+    checkpoint = _guarded(_read_checkpoint, path)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
+    return checkpoint
+
+
+def open_checkpoint(path: Path) -> dict[str, Any]:
+    """What `build_task_part` reads: a checkpoint file whole; of a distributed folder only `meta.pt` (the
+    hyper-parameters), its tensors being read later into the rebuilt module, in place."""
+    if not is_distributed_checkpoint(path):
+        return read_lightning_checkpoint(path)
+    checkpoint = _guarded(read_meta, path)
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path / 'meta.pt'} is not a Lightning checkpoint's metadata (not a dict)")
+    return checkpoint
+
+
+def _guarded(read: Any, path: Path) -> Any:
+    """`read(path)`, its failures as a ValueError naming the checkpoint."""
     try:
-        checkpoint = _read_checkpoint(path)
+        return read(path)
     except ValueError:
         raise
     except Exception as err:
         raise ValueError(f"cannot read checkpoint {path} (truncated, or not weights-only): {err}") from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ValueError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
-    return checkpoint
 
 
 def checkpoint_tokenizer_json(checkpoint: Mapping[str, Any]) -> str | None:
@@ -77,11 +93,14 @@ def hyper_parameters(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_task_part(checkpoint: Mapping[str, Any], key: str, path: Path) -> nn.Module:
     """The module the task's `key` hyper-parameter describes, with the checkpoint's `<key>.` tensors loaded
-    strictly."""
+    strictly (from a distributed folder: straight into the module's tensors)."""
     spec = hyper_parameters(checkpoint).get(key)
     where = f"{path}:hyper_parameters.{key}"
     module = build_from_config(without_construction_only(spec, where), where=where)
     prefix = f"{key}."
+    if is_distributed_checkpoint(path):
+        load_distributed_part(module, path, prefix)
+        return module.eval()
     state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     try:
         module.load_state_dict(state, strict=True)
@@ -91,14 +110,15 @@ def build_task_part(checkpoint: Mapping[str, Any], key: str, path: Path) -> nn.M
 
 
 def load_lightning_checkpoint(path: str | Path) -> tuple[UnifiedModel, TextTokenizer | None]:
-    """The unified model of a `UnifiedPretraining` checkpoint (a file, or an FSDP2 distributed folder, which
-    this consolidates), and the tokenizer the datamodule stored in it.
+    """The unified model of a `UnifiedPretraining` checkpoint (a file, or an FSDP2 distributed folder), and
+    the tokenizer the datamodule stored in it.
 
     Read with `weights_only=True` (nothing unpickled); the model is rebuilt from the task's `model`
-    hyper-parameter through the same allow-list as hub configs, and its weights load with `strict=True`.
+    hyper-parameter through the same allow-list as hub configs, and its weights load with `strict=True`
+    (a distributed folder's straight into the model: one copy of the weights in memory, never two).
     """
     path = Path(path)
-    checkpoint = read_lightning_checkpoint(path)
+    checkpoint = open_checkpoint(path)
     spec = hyper_parameters(checkpoint).get("model")
     if not isinstance(spec, Mapping) or "class_path" not in spec:
         raise ValueError(f"{path}: the task's hyper-parameters hold no model {{class_path, init_args}}")
@@ -125,7 +145,7 @@ def load_checkpoint_component(path: str | Path, key: str | None = None) -> Pretr
     """The component a component task's checkpoint trained (the visual tokenizer, audio codec, vision encoder
     or refiner), from its hyper-parameter `key` (found when the task has one component)."""
     path = Path(path)
-    checkpoint = read_lightning_checkpoint(path)
+    checkpoint = open_checkpoint(path)
     keys = component_keys(checkpoint, path)
     if key is None:
         if len(keys) != 1:
@@ -148,9 +168,8 @@ def holds_unified_model(path: str | Path) -> bool:
 
 def _read_hparams_only(path: Path) -> dict[str, Any]:
     try:
-        if path.is_dir():
-            meta = path / "meta.pt"
-            return torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {}
+        if is_distributed_checkpoint(path):
+            return read_meta(path) if (path / "meta.pt").is_file() else {}
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
         raise ValueError(f"cannot read checkpoint {path} (truncated, or not weights-only): {err}") from err

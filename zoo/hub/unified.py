@@ -1,5 +1,6 @@
-"""The unified model's folder: `config.json`, `model.safetensors`, `tokenizer.json` and a `README.md` card;
-loading it back (allow-listed classes, strict weights) and pushing it.
+"""The unified model's folder: `config.json`, `model.safetensors` (shards and an index past
+`max_shard_size`), `tokenizer.json` and a `README.md` card; loading it back (allow-listed classes, strict
+weights) and pushing it.
 
 A folder may name component folders (`components.py`) instead of carrying their tensors; loading pulls them.
 """
@@ -13,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import _remove_duplicate_names, load_model, save_file
 
 from zoo.config import to_config
 from zoo.hub.components import (
@@ -35,9 +34,12 @@ from zoo.publishing.layout import (
     CONFIG_NAME,
     TOKENIZER_NAME,
     UNIFIED_FORMAT,
+    WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     read_config,
 )
+from zoo.publishing.shards import MAX_SHARD_SIZE, save_weights
+from zoo.publishing.shards import load_weights as load_folder_weights
 from zoo.publishing.transfer import push_folder, resolve
 from zoo.tokenizers.text import TextTokenizer
 from zoo.trust import UnsafeConfigError
@@ -64,6 +66,7 @@ def save_pretrained(
     components: Mapping[str, str | Path] | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
 ) -> Path:
     """Write `config.json`, `model.safetensors`, `tokenizer.json` (when given) and a `README.md` model card.
 
@@ -82,6 +85,8 @@ def save_pretrained(
             folder (a local path, written relative to `directory`) or hub id it was built with. Their tensors
             stay out of `model.safetensors`; each folder must hold exactly the model's component.
         token, endpoint: for the hub ids in `components` (fetched to check them).
+        max_shard_size: past this size (bytes, or "5GB", "200MB") the weights are written as shards
+            `model-00001-of-0000N.safetensors` with `model.safetensors.index.json` (huggingface_hub's layout).
     """
     if not isinstance(model, UnifiedModel):
         raise TypeError(f"save_pretrained saves a UnifiedModel, got {type(model).__name__}")
@@ -101,7 +106,7 @@ def save_pretrained(
     }
     card = model_card(model, config, tags, license, description, repo_id or str(directory), eval_dataset)
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    save_own_weights(model, directory / WEIGHTS_NAME, component_prefixes(list(references)))
+    save_own_weights(model, directory, component_prefixes(list(references)), max_shard_size)
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER_NAME)
     card.save(directory / CARD_NAME)
@@ -126,14 +131,12 @@ def _checked_references(
     return references
 
 
-def save_own_weights(model: torch.nn.Module, path: Path, skip_prefixes: tuple[str, ...]) -> None:
-    """The model's tensors but those under `skip_prefixes`, tied tensors once (as `save_model` does)."""
+def save_own_weights(
+    model: torch.nn.Module, directory: Path, skip_prefixes: tuple[str, ...], max_shard_size: int | str
+) -> None:
+    """The model's tensors but those under `skip_prefixes`, tied tensors once, in one file or in shards."""
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(skip_prefixes)}
-    for _kept, removed in _remove_duplicate_names(state).items():
-        for name in removed:
-            del state[name]
-    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    save_file(state, str(path), metadata={"format": "pt", "zoo_format": FORMAT})
+    save_weights(state, directory, max_shard_size=max_shard_size, metadata={"zoo_format": FORMAT})
 
 
 def model_card(
@@ -185,7 +188,8 @@ def model_card(
             "ids = model.generate([[model.vocab.bos_id, *prompt]], max_new_tokens=32)",
             "print(tokenizer.decode(model.vocab.unified_to_text(ids[0]).tolist()))",
         ]),
-        f"Files: `{CONFIG_NAME}` (rebuilds the module, no code executed), `{WEIGHTS_NAME}`"
+        f"Files: `{CONFIG_NAME}` (rebuilds the module, no code executed), `{WEIGHTS_NAME}` (or its shards "
+        f"and `{WEIGHTS_INDEX_NAME}` when large)"
         + (f", `{TOKENIZER_NAME}`" if config["tokenizer"] else "")
         + ".",
     ]
@@ -216,11 +220,12 @@ def push_to_hub(
     tags: Sequence[str] = (),
     license: str | None = None,
     components: Mapping[str, str] | None = None,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
 ) -> str:
     """`save_pretrained` into a temporary directory, then `create_repo` + `upload_folder`. Returns the commit
     URL. `endpoint` points at another hub (a mirror, or a local stand-in in tests). Components must be named
     by hub id (a local folder cannot be followed from the Hub). The README already on the Hub is kept unless
-    `overwrite_card`."""
+    `overwrite_card`; weight files of an earlier push that this one does not write are deleted."""
     for name, ref in (components or {}).items():
         if Path(ref).expanduser().is_dir():
             raise ValueError(
@@ -231,6 +236,7 @@ def push_to_hub(
         save_pretrained(
             model, tmp, tokenizer, datasets=datasets, metrics=metrics, eval_dataset=eval_dataset, tags=tags,
             license=license, repo_id=repo_id, components=components, token=token, endpoint=endpoint,
+            max_shard_size=max_shard_size,
         )
         return push_folder(
             tmp, repo_id, token=token, private=private, revision=revision, commit_message=commit_message,
@@ -255,9 +261,10 @@ def from_pretrained(
     local_files_only: bool = False,
     endpoint: str | None = None,
 ) -> UnifiedModel:
-    """Rebuild the model from `config.json` (allow-listed zoo classes only) and load `model.safetensors`
-    with `strict=True`, and each component folder the config names (pulled from the Hub for a hub id). A
-    tampered or truncated weights file raises a ValueError naming the file."""
+    """Rebuild the model from `config.json` (allow-listed zoo classes only) and load `model.safetensors` (or
+    the shards its index names, one at a time) with `strict=True`, and each component folder the config
+    names (pulled from the Hub for a hub id). A tampered or truncated weights file raises a ValueError
+    naming the file."""
     directory = resolve(path_or_repo_id, revision, cache_dir, token, local_files_only, endpoint)
     config = load_config(directory)
     model = build_from_config(config["model"], where=f"{directory / CONFIG_NAME}:model")
@@ -287,27 +294,9 @@ def load_weights(model: torch.nn.Module, path: Path, device: str | torch.device 
 def load_weights_without(
     model: torch.nn.Module, path: Path, prefixes: tuple[str, ...], device: str | torch.device
 ) -> None:
-    """`path` into `model`: every tensor but those under `prefixes` must be there, and nothing else."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing")
-    try:
-        missing, unexpected = load_model(model, str(path), strict=False, device=str(device))
-    except (SafetensorError, RuntimeError, ValueError, OSError) as err:
-        message = f"cannot load weights from {path} (tampered, truncated or another model's): {err}"
-        raise ValueError(message) from err
-    carried = {k for k in model.state_dict() if k.startswith(prefixes)} - set(missing)
-    missing = sorted(k for k in missing if not k.startswith(prefixes))
-    if carried:
-        raise ValueError(
-            f"{path} carries tensors of the components its config names ({sorted(carried)[:4]}): a folder "
-            "either names a component or stores it, not both"
-        )
-    if missing or unexpected:
-        raise ValueError(
-            f"cannot load weights from {path}: missing {missing[:8]}, unexpected {sorted(unexpected)[:8]} "
-            f"(the components under {list(prefixes)} come from their own folders)"
-        )
-    model.to(device)
+    """`path` into `model`: every tensor but those under `prefixes` must be there, and nothing else (a tensor
+    under `prefixes` is refused: a folder names a component or stores it, not both)."""
+    load_folder_weights(model, path, device, skip_prefixes=prefixes)
 
 
 def load_tokenizer(

@@ -2,7 +2,8 @@
 
 The visual tokenizer (2D and 3D), the audio codec, the vision encoder and the refiner mix it in. A folder is
 `config.json` (format `zoo.component`: the component's `{class_path, init_args}` as `to_config` writes it,
-its parameter count, data and figures), `model.safetensors` and a `README.md` card. Loading rebuilds the
+its parameter count, data and figures), `model.safetensors` (or, past `max_shard_size`, shards and their
+index: `shards.py`) and a `README.md` card. Loading rebuilds the
 class through the allow-list (`building.py`), refuses a folder that holds another kind of component, and
 loads the weights with `strict=True`; nothing is unpickled and no code from the folder runs.
 
@@ -24,13 +25,19 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
 
 from zoo.config import Configurable, to_config
 from zoo.publishing.building import build_from_config, resolve_class
 from zoo.publishing.cards import card_data, data_and_usage, render_card
-from zoo.publishing.layout import CARD_NAME, COMPONENT_FORMAT, CONFIG_NAME, WEIGHTS_NAME, read_config
+from zoo.publishing.layout import (
+    CARD_NAME,
+    COMPONENT_FORMAT,
+    CONFIG_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    read_config,
+)
+from zoo.publishing.shards import MAX_SHARD_SIZE, load_weights, save_weights
 from zoo.publishing.transfer import push_folder, resolve
 from zoo.trust import UnsafeConfigError
 from zoo.version import __version__
@@ -70,6 +77,7 @@ class PretrainedComponent(Configurable):
         license: str | None = None,
         description: str | None = None,
         repo_id: str | None = None,
+        max_shard_size: int | str = MAX_SHARD_SIZE,
     ) -> Path:
         """Write `config.json`, `model.safetensors` and a `README.md` card into `directory` (created).
 
@@ -82,6 +90,8 @@ class PretrainedComponent(Configurable):
             license: an SPDX id for the card metadata.
             description: a paragraph for the card.
             repo_id: the repo the card's usage snippet loads from (the directory otherwise).
+            max_shard_size: past this size (bytes, or "5GB", "200MB") the weights are written as shards
+                `model-00001-of-0000N.safetensors` with `model.safetensors.index.json`.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -96,9 +106,10 @@ class PretrainedComponent(Configurable):
         }
         card = self.model_card(config, eval_dataset, tags, license, description, repo_id or str(directory))
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-        # save_model drops the duplicate names of tied tensors (safetensors refuses shared storage).
-        metadata = {"format": "pt", "zoo_format": COMPONENT_FORMAT}
-        save_model(self, str(directory / WEIGHTS_NAME), metadata=metadata)  # type: ignore[arg-type]
+        # Tied tensors are stored once (safetensors refuses shared storage); loading knows their other names.
+        state = self.state_dict()  # type: ignore[attr-defined]
+        metadata = {"zoo_format": COMPONENT_FORMAT}
+        save_weights(state, directory, max_shard_size=max_shard_size, metadata=metadata)
         card.save(directory / CARD_NAME)
         return directory
 
@@ -140,7 +151,7 @@ class PretrainedComponent(Configurable):
                 config["datasets"], config["metrics"], [*usage, *([cls.hub_usage] if cls.hub_usage else [])]
             ),
             f"Files: `{CONFIG_NAME}` (rebuilds the module through the zoo's allow-list, no code executed), "
-            f"`{WEIGHTS_NAME}` (loaded strictly).",
+            f"`{WEIGHTS_NAME}` (or its shards and `{WEIGHTS_INDEX_NAME}` when large; loaded strictly).",
         ]
         return render_card(data, f"{cls.hub_title} (zoo, ERNIE 5.0 recipe)", body)
 
@@ -176,13 +187,15 @@ class PretrainedComponent(Configurable):
         eval_dataset: str | None = None,
         tags: Sequence[str] = (),
         license: str | None = None,
+        max_shard_size: int | str = MAX_SHARD_SIZE,
     ) -> str:
         """`save_pretrained` into a temporary folder, then upload it; returns the commit URL. The README on
-        the Hub is kept when there is one, unless `overwrite_card`."""
+        the Hub is kept when there is one, unless `overwrite_card`; weight files of an earlier push that this
+        one does not write (the other layout, more shards) are deleted in the same commit."""
         with tempfile.TemporaryDirectory() as tmp:
             self.save_pretrained(
                 tmp, datasets=datasets, metrics=metrics, eval_dataset=eval_dataset, tags=tags,
-                license=license, repo_id=repo_id,
+                license=license, repo_id=repo_id, max_shard_size=max_shard_size,
             )
             return push_folder(
                 tmp, repo_id, token=token, private=private, revision=revision, endpoint=endpoint,
@@ -195,7 +208,7 @@ def load_component(
     directory: str | Path, expected: type[C] = PretrainedComponent, device: str | torch.device = "cpu"
 ) -> C:
     """Rebuild the component of a local folder (allow-listed classes only), check that it is an `expected`,
-    and load `model.safetensors` into it with `strict=True`."""
+    and load its weights (`model.safetensors`, or the shards its index names) into it with `strict=True`."""
     directory = Path(directory)
     config = read_config(directory, (COMPONENT_FORMAT,))
     where = f"{directory / CONFIG_NAME}:component"
@@ -216,13 +229,6 @@ def load_component(
 
 
 def load_weights_strictly(module: torch.nn.Module, path: Path, device: str | torch.device = "cpu") -> None:
-    """`path` into `module` with `strict=True`; a missing, tampered, truncated or foreign file raises an
-    error naming it."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing")
-    try:
-        load_model(module, str(path), strict=True, device=str(device))
-    except (SafetensorError, RuntimeError, ValueError, OSError) as err:
-        message = f"cannot load weights from {path} (tampered, truncated or another model's): {err}"
-        raise ValueError(message) from err
-    module.to(device)
+    """`path` (a folder's `model.safetensors`, or the folder: the shards its index names when sharded) into
+    `module` with `strict=True`; a missing, tampered, truncated or foreign file raises an error naming it."""
+    load_weights(module, path, device)

@@ -9,6 +9,9 @@ from typing import Any
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+# Past `max_shard_size` the weights are shards named by an index instead (`shards.py`).
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_SHARDS = "model-*-of-*.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 CARD_NAME = "README.md"
 LIBRARY_NAME = "zoo"
@@ -16,8 +19,11 @@ UNIFIED_FORMAT = "zoo.unified_model"
 COMPONENT_FORMAT = "zoo.component"
 # Where each format keeps the `{class_path, init_args}` of what it rebuilds.
 SPEC_KEY = {UNIFIED_FORMAT: "model", COMPONENT_FORMAT: "component"}
-# The files a download fetches and a push uploads: nothing else in a repo is ever read.
-FOLDER_FILES = (CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, CARD_NAME)
+# The files (names and glob patterns) a download fetches and a push uploads: nothing else in a repo is read.
+FOLDER_FILES = (CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_SHARDS, TOKENIZER_NAME, CARD_NAME)
+# The weight files of either layout: a push deletes those on the Hub it does not upload, so that a sharded
+# save never sits beside an older single file (or the reverse).
+WEIGHT_FILES = (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_SHARDS)
 
 
 def read_config(directory: str | Path, formats: Collection[str] = tuple(SPEC_KEY)) -> dict[str, Any]:

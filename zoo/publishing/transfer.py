@@ -1,14 +1,16 @@
 """Moving folders to and from the Hub: a local folder or a hub id in, a local folder out; a saved folder up.
 
 Only the files a zoo folder has (`layout.FOLDER_FILES`) are downloaded or uploaded. A push keeps the README
-already on the Hub (a card someone edited there is theirs) unless `overwrite_card` says otherwise.
+already on the Hub (a card someone edited there is theirs) unless `overwrite_card` says otherwise, and deletes
+the weight files on the Hub it does not replace (`layout.WEIGHT_FILES`), so that a sharded push never leaves
+an older `model.safetensors` beside its index (or a shorter set of shards beside stale ones).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from zoo.publishing.layout import CARD_NAME, FOLDER_FILES
+from zoo.publishing.layout import CARD_NAME, FOLDER_FILES, WEIGHT_FILES
 
 
 def split_revision(ref: str) -> tuple[str, str | None]:
@@ -70,7 +72,8 @@ def push_folder(
     overwrite_card: bool = False,
 ) -> str:
     """`create_repo` + `upload_folder` of a saved folder's files; returns the commit URL. The README goes up
-    only when the repo has none yet, or with `overwrite_card`."""
+    only when the repo has none yet, or with `overwrite_card`; weight files already on the Hub that the folder
+    does not have are deleted in the same commit."""
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=endpoint, token=token)
@@ -83,5 +86,6 @@ def push_folder(
         commit_message=commit_message,
         allow_patterns=list(FOLDER_FILES),
         ignore_patterns=[CARD_NAME] if keeps_hub_card(card_on_hub, overwrite_card) else None,
+        delete_patterns=list(WEIGHT_FILES),  # those the folder uploads are replaced, not deleted
     )
     return str(getattr(commit, "commit_url", commit))
