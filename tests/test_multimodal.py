@@ -93,6 +93,28 @@ def test_an_image_is_one_group_per_scale_on_the_finest_grid(model, builder):
     assert batch.positions[0, 0, 4 + 85] == 4 + 8  # text resumes after the image's extent
 
 
+def test_an_image_to_understand_is_read_whole_and_one_to_generate_is_teacher_forced(model, builder):
+    # Teacher forcing never feeds the finest scale's codes: an image the model only reads must carry them,
+    # or no caption could depend on details finer than the 4x4 scale.
+    codes = model.nfsp.tokenizer.encode(image()[None])
+    finer = [c.clone() for c in codes]
+    finer[-1] = (finer[-1] + 1) % model.nfsp.tokenizer.codebook_size  # only the finest scale differs
+
+    def inputs(per_scale: list[torch.Tensor], predict: bool) -> torch.Tensor:
+        segment = VisualSegment(codes=flatten_scales(per_scale)[0], predict=predict)
+        batch = builder.collate([[text(model, 1), segment, text(model, 2, bos=False)]])
+        return model.nfsp.encode(batch.visual).features
+
+    assert torch.equal(inputs(codes, predict=True), inputs(finer, predict=True))
+    read, read_finer = inputs(codes, predict=False), inputs(finer, predict=False)
+    assert not torch.equal(read[-64:], read_finer[-64:])
+    assert torch.equal(read[:-64], read_finer[:-64])  # coarser scales read the same
+    whole = model.nfsp.tokenizer.quantizer.features([c.flatten(0, 1) for c in codes])  # [1, D, 8, 8]
+    torch.testing.assert_close(read[-64:], whole[0].permute(1, 2, 0).reshape(64, -1))
+    from_pixels = builder.collate([[text(model, 1), VisualSegment(image(), predict=False)]])
+    torch.testing.assert_close(model.nfsp.encode(from_pixels.visual).features, read)
+
+
 def test_audio_frames_predict_the_next_frame_and_the_last_predicts_the_end(model, builder):
     vocab = model.vocab
     wave = torch.randn(3 * HOP + 5) * 0.1  # 4 frames
