@@ -14,6 +14,7 @@ from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
 from zoo.tasks.callbacks import MultimodalGallery
+from zoo.tasks.gallery_overview import curve_figure
 from zoo.tasks.pretrain import UnifiedPretraining
 from zoo.tasks.verifier_curve import CURVE_FILE, VerifierCurve
 from zoo.tokenizers.visual import VisualTokenizer
@@ -48,6 +49,9 @@ def test_the_curve_scores_every_task_every_n_steps_and_at_the_end(tmp_path):
             assert 0.0 <= point[f"{task}/exact"] <= 1.0
             assert 0.0 <= point[f"{task}/attribute_accuracy"] <= 1.0
         assert not any("baseline" in key for key in point)  # the curve is the model's
+    picture = curve_figure(tmp_path / CURVE_FILE, tmp_path / "curve.png")
+    assert picture is not None and picture.stat().st_size > 1000
+    assert curve_figure(tmp_path / "missing.jsonl", tmp_path / "none.png") is None
 
 
 def test_the_gallery_scores_the_held_out_split_under_its_own_keys(tmp_path):

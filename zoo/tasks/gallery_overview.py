@@ -93,3 +93,42 @@ def overview_figure(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def curve_figure(curve: str | Path, path: str | Path) -> Path | None:
+    """The verifiers' learning curves (`VerifierCurve`'s JSON lines): per task, exact and attributes (or words
+    in place, for speech) against training steps, one panel per task; None when there is no curve file."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = Path(curve)
+    if not curve.is_file():
+        return None
+    points = [json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
+    tasks = sorted({k.split("/")[0] for p in points for k in p if k.endswith("/exact")})
+    if not points or not tasks:
+        return None
+    fig, axes = plt.subplots(1, len(tasks), figsize=(2.6 * len(tasks), 2.4), dpi=80, squeeze=False)
+    steps = [p["step"] for p in points]
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for metric, style in (("exact", "-o"), ("attribute_accuracy", "--s"), ("word_accuracy", ":^")):
+            values = [p.get(f"{task}/{metric}") for p in points]
+            if all(v is not None for v in values):
+                ax.plot(steps, values, style, markersize=3, label=metric.replace("_accuracy", ""))
+        ax.set_title(task, fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("step", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left")
+    scenes = points[0].get("scenes", "?")
+    fig.suptitle(f"verifiers while training ({scenes} val scenes per point)", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

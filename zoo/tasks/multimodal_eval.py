@@ -323,7 +323,8 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
     """Save every sample's media, `overview.png` (every task at a glance, verdicts marked), a Markdown page
     (`gallery.md`) and `metrics.json`; returns the page. Metrics of further splits, keyed `<split>/<task>/..`
     (`MultimodalGallery(score_splits=...)`), get their own rows in the page's table."""
-    from zoo.tasks.gallery_overview import overview_figure
+    from zoo.tasks.gallery_overview import curve_figure, overview_figure
+    from zoo.tasks.verifier_curve import CURVE_FILE
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -349,6 +350,8 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
             )
     if evaluation.samples:
         overview_figure(evaluation.samples, m, directory / "overview.png", title=title)
+    if curve_figure(directory.parent / CURVE_FILE, directory / "curve.png") is not None:
+        lines[3:3] = ["![the verifiers while training](curve.png)", ""]
     for task in tasks:
         lines += ["", f"## {task}", "", "| prompt | output | verifier |", "|---|---|---|"]
         for i, sample in enumerate(s for s in evaluation.samples if s.task == task):
