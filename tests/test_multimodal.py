@@ -139,6 +139,22 @@ def test_a_context_image_is_one_bidirectional_group_without_targets(model, build
     assert batch.context.slot[0][context].tolist() == list(range(16))
 
 
+def test_context_tokens_enter_at_unit_scale_and_a_frozen_encoder_stays_as_loaded(builder):
+    torch.manual_seed(0)
+    backbone = UnifiedTransformer(dim=48, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=16,
+                                  top_k=1, max_seq_len=512)
+    vocab = UnifiedVocab(text_size=64, visual_size=512, audio_size=256, audio_levels=4)
+    frozen = UnifiedModel(backbone, vocab, mtp_depth=0, vision_encoder=DualPathEncoder(out_dim=48),
+                          freeze_vision_encoder=True).train()
+    assert not frozen.vision_encoder.training and frozen.backbone.training
+    batch = builder.collate([[text(frozen), ContextSegment(image()), text(frozen, 3, bos=False)]])
+    context = frozen.encode_media(batch).context
+    torch.testing.assert_close(context.pow(2).mean(-1), torch.ones(16), atol=1e-3, rtol=0)  # RMS 1
+    frozen(batch).loss.backward()
+    assert all(p.grad is None for p in frozen.vision_encoder.parameters())
+    assert frozen.context_norm.weight.grad is not None  # the norm is the model's, and trains
+
+
 def test_media_that_do_not_fit_the_layout_are_refused(model, builder):
     with pytest.raises(ValueError, match=r"6 frames does not fit the temporal stride 4: expected 1 \+ 4"):
         builder.collate([[text(model), VisualSegment(torch.zeros(3, 6, 32, 32))]])
