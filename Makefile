@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-# The main job: a visual tokenizer and an audio codec, then the unified model on ShapesWorld text, images
+# The main job: a visual tokenizer, an audio codec and a vision encoder, then the unified model on ShapesWorld text, images
 # and speech, then the gallery of what it generates and understands (runs/demo/multimodal/latest/gallery/gallery.md).
 demo: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/visual_tokenizer.yaml
 	$(BIN)/zoo fit --config configs/demo/audio_codec.yaml
+	$(BIN)/zoo fit --config configs/demo/vision_encoder.yaml
 	$(BIN)/zoo fit --config configs/demo/multimodal.yaml
 
 # Post-training end to end (issue 18): pretraining (the demo's stages), SFT, then RL stages 1-4

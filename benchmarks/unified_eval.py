@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--max-objects", type=int, default=2, help="as the model was trained (the demo: 2)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--cfg-scale", type=float, default=2.0)
+    parser.add_argument("--top-k", type=int, default=8, help="media sampling top-k (0: no filter)")
+    parser.add_argument("--tasks", nargs="*", default=None, help="task names (default: every supported)")
+    parser.add_argument("--splits", nargs="*", default=["val", "test"], choices=["val", "test"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -53,19 +56,21 @@ def main() -> None:
         image_to_text_weight=float(model.nfsp is not None),
         text_to_audio_weight=float(model.ncp is not None),
         audio_to_text_weight=float(model.ncp is not None),
+        image_context=model.vision_encoder is not None,  # image to caption reads pixels, as trained
     )
     data.tokenizer = tokenizer
     data.setup("validate")
     metrics: dict[str, float] = {}
-    for split in ("val", "test"):
+    for split in args.splits:
         log(f"evaluating {args.scenes} {split} scenes per task")
         with torch.no_grad():
             result = evaluate(
-                model, data, args.scenes, split, args.cfg_scale, args.temperature, 8, seed=args.seed
+                model, data, args.scenes, split, args.cfg_scale, args.temperature, args.top_k or None,
+                seed=args.seed, tasks=args.tasks,
             )
         metrics.update({f"{split}/{k}": round(v, 4) for k, v in result.metrics.items()})
     emit({"benchmark": "unified_eval", **info, "checkpoint": args.checkpoint, "scenes": args.scenes,
-          **metrics})
+          "temperature": args.temperature, "cfg_scale": args.cfg_scale, "top_k": args.top_k, **metrics})
 
 
 if __name__ == "__main__":

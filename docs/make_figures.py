@@ -153,52 +153,13 @@ def world_samples_figure(path: Path) -> None:
 
 
 def demo_gallery_figure(gallery: Path, path: Path) -> None:
-    """Images the demo drew and speech it said for val captions (as spectrograms), and captions it wrote
-    for val images, with the verifiers' verdicts, from the gallery `make demo` writes (skipped when there
-    is none)."""
-    import re
-
-    page = gallery / "gallery.md"
-    if not page.is_file():
-        print(f"skipped {path.name}: run `make demo` first ({page} is missing)")
+    """The README's picture: the gallery's own `overview.png` (every task, verdicts as coloured frames;
+    `zoo.tasks.gallery_overview`), as `make demo` wrote it, in a 256-colour palette (skipped without one)."""
+    overview = gallery / "overview.png"
+    if not overview.is_file():
+        print(f"skipped {path.name}: run `make demo` first ({overview} is missing)")
         return
-    rows = [line for line in page.read_text().splitlines() if line.startswith("| ") and "png" in line]
-    drawn = [r for r in rows if "text_to_image_" in r][:6]
-    spoken = [r for r in rows if "text_to_audio_" in r][:6]
-    written = [r for r in rows if "image_to_text_" in r][:6]
-    panels = [p for p in (drawn, spoken, written) if p]
-
-    def wrap(text: str) -> str:
-        return text.replace(" and ", "\nand ").replace(" at the", "\nat the").replace(" in the", "\nin the")
-
-    def picture(cell: str) -> Image.Image:
-        return Image.open(gallery / re.search(r"\((\w+\.png)\)", cell).group(1))
-
-    heights = [0.55 if p is spoken else 1.0 for p in panels]  # spectrograms are wide: a lower row
-    fig, axes = plt.subplots(
-        len(panels), 6, figsize=(12, 3.6 * sum(heights) + 0.6), dpi=80, squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-    )
-    for axes_row, panel in zip(axes, panels, strict=True):
-        for ax, row in zip(axes_row, panel, strict=False):
-            first, second, verdict = (c.strip() for c in row.strip("|").split("|"))
-            if panel is written:
-                ax.imshow(picture(first))
-                ax.set_title(f"model: {wrap(second)}\n{verdict.split(' (truth')[0]}", fontsize=6)
-            else:
-                ax.imshow(picture(second), aspect="auto" if panel is spoken else "equal")
-                ax.set_title(f"{wrap(first)}\n{verdict}", fontsize=6)
-    for ax in axes.flat:
-        ax.axis("off")
-    what = ["images drawn for val captions"]
-    what += ["speech said for val captions (spectrograms)"] if spoken else []
-    fig.suptitle(
-        f"make demo, rows: {'; '.join(what)}; captions written for val images\n"
-        "(verifier verdicts from pixels, from audio and from the parsed caption)",
-        fontsize=8,
-    )
-    fig.tight_layout()
-    fig.savefig(path)
+    Image.open(overview).convert("RGB").quantize(256).save(path, optimize=True)
     print(f"wrote {path}")
 
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from zoo.media import save_spectrogram_png
-from zoo.tasks.multimodal_eval import Evaluation, Sample, write_gallery
+from zoo.tasks.multimodal_eval import Evaluation, Sample, interval95, write_gallery
 from zoo.world.render import render_image, render_video, to_tensor, verify_image
 from zoo.world.scenes import ShapesWorld, verify_caption
 from zoo.world.speech import render_speech, verify_speech
@@ -42,9 +42,35 @@ def test_gallery_page_links_every_sample_to_a_file_that_exists(tmp_path):
                  "text_to_audio_000_spectrogram.png", "image_to_text_000.png"):
         assert (tmp_path / "gallery" / name).is_file(), name
         assert f"({name})" in text, name
-    assert "| text_to_audio | exact 0.50, attributes 0.50 | exact 0.00, attributes 0.00 |" in text
+    assert "| text_to_audio | 0.50 | 0.50 |  | 0.00 | 0.00 |" in text
     assert "exact, attributes 1.00" in text  # the rendered scene verifies exactly
     assert json.loads((tmp_path / "gallery" / "metrics.json").read_text())["text_to_image/exact"] == 0.5
+
+
+def test_gallery_shows_every_task_at_a_glance_and_the_held_out_split_with_intervals(tmp_path):
+    evaluation = _evaluation()
+    evaluation.metrics |= {"image_to_text/exact_ci95_low": 0.3, "image_to_text/exact_ci95_high": 0.7}
+    evaluation.metrics |= {f"test/image_to_text/{k}": 0.25 for k in ("exact", "attribute_accuracy")}
+    evaluation.metrics |= {f"test/image_to_text/baseline_{k}": 0.0 for k in ("exact", "attribute_accuracy")}
+    text = write_gallery(evaluation, tmp_path).read_text()
+    assert "| image_to_text | 0.50 [0.30, 0.70] | 0.50 |" in text
+    assert "| test/image_to_text | 0.25 | 0.25 |" in text
+    overview = Image.open(tmp_path / "overview.png")
+    assert overview.width > 400 and overview.height > 4 * 100  # a row per task
+    pixels = np.asarray(overview.convert("RGB")).reshape(-1, 3).astype(int)
+    green = (abs(pixels - (0x1A, 0x98, 0x50)).sum(1) < 30).sum()  # the exact frames' colour
+    assert green > 50
+
+
+@pytest.mark.parametrize(
+    "values, proportion", [([0.0] * 64, True), ([1.0] * 64, True), ([0.5, 1.0] * 32, False)]
+)
+def test_intervals_hold_the_mean_and_never_collapse_to_a_point_for_proportions(values, proportion):
+    low, high = interval95(values, proportion)
+    mean = sum(values) / len(values)
+    assert 0.0 <= low <= mean <= high <= 1.0
+    if proportion:
+        assert high - low > 0.02  # Wilson's interval stays open at 0 and 1
 
 
 def test_spectrogram_picture_shows_a_tone_at_its_height(tmp_path):

@@ -93,6 +93,28 @@ def test_an_image_is_one_group_per_scale_on_the_finest_grid(model, builder):
     assert batch.positions[0, 0, 4 + 85] == 4 + 8  # text resumes after the image's extent
 
 
+def test_an_image_to_understand_is_read_whole_and_one_to_generate_is_teacher_forced(model, builder):
+    # Teacher forcing never feeds the finest scale's codes: an image the model only reads must carry them,
+    # or no caption could depend on details finer than the 4x4 scale.
+    codes = model.nfsp.tokenizer.encode(image()[None])
+    finer = [c.clone() for c in codes]
+    finer[-1] = (finer[-1] + 1) % model.nfsp.tokenizer.codebook_size  # only the finest scale differs
+
+    def inputs(per_scale: list[torch.Tensor], predict: bool) -> torch.Tensor:
+        segment = VisualSegment(codes=flatten_scales(per_scale)[0], predict=predict)
+        batch = builder.collate([[text(model, 1), segment, text(model, 2, bos=False)]])
+        return model.nfsp.encode(batch.visual).features
+
+    assert torch.equal(inputs(codes, predict=True), inputs(finer, predict=True))
+    read, read_finer = inputs(codes, predict=False), inputs(finer, predict=False)
+    assert not torch.equal(read[-64:], read_finer[-64:])
+    assert torch.equal(read[:-64], read_finer[:-64])  # coarser scales read the same
+    whole = model.nfsp.tokenizer.quantizer.features([c.flatten(0, 1) for c in codes])  # [1, D, 8, 8]
+    torch.testing.assert_close(read[-64:], whole[0].permute(1, 2, 0).reshape(64, -1))
+    from_pixels = builder.collate([[text(model, 1), VisualSegment(image(), predict=False)]])
+    torch.testing.assert_close(model.nfsp.encode(from_pixels.visual).features, read)
+
+
 def test_audio_frames_predict_the_next_frame_and_the_last_predicts_the_end(model, builder):
     vocab = model.vocab
     wave = torch.randn(3 * HOP + 5) * 0.1  # 4 frames
@@ -115,6 +137,22 @@ def test_a_context_image_is_one_bidirectional_group_without_targets(model, build
     assert batch.group_id[0][context].unique().numel() == 1
     assert (batch.targets["text"][0][context] == IGNORE_INDEX).all()
     assert batch.context.slot[0][context].tolist() == list(range(16))
+
+
+def test_context_tokens_enter_at_unit_scale_and_a_frozen_encoder_stays_as_loaded(builder):
+    torch.manual_seed(0)
+    backbone = UnifiedTransformer(dim=48, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=16,
+                                  top_k=1, max_seq_len=512)
+    vocab = UnifiedVocab(text_size=64, visual_size=512, audio_size=256, audio_levels=4)
+    frozen = UnifiedModel(backbone, vocab, mtp_depth=0, vision_encoder=DualPathEncoder(out_dim=48),
+                          freeze_vision_encoder=True).train()
+    assert not frozen.vision_encoder.training and frozen.backbone.training
+    batch = builder.collate([[text(frozen), ContextSegment(image()), text(frozen, 3, bos=False)]])
+    context = frozen.encode_media(batch).context
+    torch.testing.assert_close(context.pow(2).mean(-1), torch.ones(16), atol=1e-3, rtol=0)  # RMS 1
+    frozen(batch).loss.backward()
+    assert all(p.grad is None for p in frozen.vision_encoder.parameters())
+    assert frozen.context_norm.weight.grad is not None  # the norm is the model's, and trains
 
 
 def test_media_that_do_not_fit_the_layout_are_refused(model, builder):

@@ -64,8 +64,10 @@ class VisualPayload:
     """The images, videos and given codes of a batch's NFSP groups, and where their tokens sit.
 
     Attributes:
-        items: `[N, 4]` long, per visual item in token order: (`VisualItem`, index, first token, latent
-            frames). Its tokens are numbered `first .. first + frames * tokens_per_frame - 1`.
+        items: `[N, 5]` long, per visual item in token order: (`VisualItem`, index, first token, latent
+            frames, read). Its tokens are numbered `first .. first + frames * tokens_per_frame - 1`. `read`
+            is 1 for an item that is input only (understanding: its inputs are `scale_readings`, the whole
+            image through each scale) and 0 for one whose codes are predicted (VAR teacher forcing).
         slot: `[B, L]` the visual token a position holds (its input is that token's teacher-forcing
             features), `NO_SLOT` elsewhere.
         scale: `[B, L]` the scale index of that token (`NO_SLOT` elsewhere).

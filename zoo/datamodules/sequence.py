@@ -62,7 +62,8 @@ class TextSegment:
 class VisualSegment:
     """An image `[3, H, W]` or a video `[3, T, H, W]` (floats in [-1, 1]) as NFSP groups.
 
-    `predict=True`: its codes are targets (generation); False: input only (understanding from codes).
+    `predict=True`: its codes are targets (generation); False: input only (understanding: every scale
+    is read whole, the finest included, see `VisualTokenizer.scale_readings`).
     Instead of pixels, `codes` may hold the tokenizer's codes, flat in (frame, scale, row, col) order
     (pre-tokenized data, or generated codes fed back); `video` then says which brackets to use.
     `predict_opener=False`: the position before `<boi>` / `<bov>` gets no target (a medium a conversation's
@@ -277,14 +278,15 @@ class _RowWriter:
         self.media_break()
         frames = layout.visual_frames(segment)
         token = self.media["visual_tokens"]
+        read = not segment.predict  # input only: read whole (NFSP.encode)
         if segment.codes is not None:
             offset = sum(c.numel() for c in self.media["codes"])
             self.media["codes"].append(segment.codes)
-            self.media["visual_items"].append(("codes", offset, token, frames))
+            self.media["visual_items"].append(("codes", offset, token, frames, read))
         else:
             key = "video" if segment.is_video else "image"
             self.media[key].append(segment.pixels)
-            self.media["visual_items"].append((key, len(self.media[key]) - 1, token, frames))
+            self.media["visual_items"].append((key, len(self.media[key]) - 1, token, frames, read))
         finest = layout.visual_scales[-1]
         modality = Modality.VIDEO if segment.is_video else Modality.IMAGE
         t0 = self.t
@@ -492,7 +494,7 @@ class SequenceBuilder:
         visual = audio = context = None
         if media["visual_items"]:
             kinds = {"image": VisualItem.IMAGE, "video": VisualItem.VIDEO, "codes": VisualItem.CODES}
-            items = [(kinds[k], i, first, frames) for k, i, first, frames in media["visual_items"]]
+            items = [(kinds[k], i, first, n, int(read)) for k, i, first, n, read in media["visual_items"]]
             visual = VisualPayload(
                 items=torch.tensor(items),
                 slot=out["visual_slot"],

@@ -147,17 +147,15 @@ def save_wav(wave: Tensor | np.ndarray, path: str | Path, sample_rate: int = 160
     return path
 
 
-def save_spectrogram_png(
-    wave: Tensor | np.ndarray, path: str | Path, sample_rate: int = 16000, n_mels: int = 64, height: int = 128
-) -> Path:
-    """Write a log-mel spectrogram of a mono wave [N] as a PNG (time left to right, low frequencies at the
-    bottom, magma colours, 80 dB range): a page can show what a WAV sounds like at a glance."""
+def spectrogram_rgb(wave: Tensor | np.ndarray, sample_rate: int = 16000, n_mels: int = 64) -> np.ndarray:
+    """A log-mel spectrogram of a mono wave [N] as an [n_mels, frames, 3] float array in [0, 1] (time left to
+    right, low frequencies at the bottom, magma colours, the top 80 dB)."""
     import torchaudio.functional as AF  # imported here: only pictures need them
     from matplotlib import colormaps
 
     x = torch.as_tensor(wave).detach().float().cpu()
     if x.ndim != 1 or x.shape[0] == 0:
-        raise ValueError(f"save_spectrogram_png expects a non-empty mono wave [N], got shape {list(x.shape)}")
+        raise ValueError(f"a spectrogram needs a non-empty mono wave [N], got shape {list(x.shape)}")
     n_fft = 512
     spec = (
         torch.stft(
@@ -173,7 +171,15 @@ def save_spectrogram_png(
     mel = AF.melscale_fbanks(n_fft // 2 + 1, 0.0, sample_rate / 2, n_mels, sample_rate).T @ spec
     db = 10 * torch.log10(mel.clamp_min(1e-10))
     db = (db - db.max() + 80).clamp_min(0) / 80  # the top 80 dB, scaled to [0, 1]
-    rgb = colormaps["magma"](db.flip(0).numpy())[..., :3]
+    return colormaps["magma"](db.flip(0).numpy())[..., :3]
+
+
+def save_spectrogram_png(
+    wave: Tensor | np.ndarray, path: str | Path, sample_rate: int = 16000, n_mels: int = 64, height: int = 128
+) -> Path:
+    """Write a log-mel spectrogram of a mono wave [N] as a PNG (`spectrogram_rgb`): a page can show what a
+    WAV sounds like at a glance."""
+    rgb = spectrogram_rgb(wave, sample_rate, n_mels)
     image = Image.fromarray((rgb * 255).astype(np.uint8))
     image = image.resize((max(image.width * 2, 64), height), Image.Resampling.NEAREST)
     path = _writable(path)

@@ -9,6 +9,10 @@ outputs at scale k's positions predict scale k's codes in parallel:
 
     L_NFSP = mean over predicted visual positions of CE(W_head h_i, r_i)
 
+An image or video the model only reads (understanding: image to caption, a user's picture in a chat) is not
+teacher-forced: scale k's input is the accumulated features of scales <= k (`VisualTokenizer.scale_readings`),
+so its finest scale carries the whole reconstruction; teacher forcing would hide the last scale's codes.
+
 The model owns the tokenizer (frozen, always in eval mode) so that pixels in a batch become codes here,
 once per step, and generated codes decode back to pixels without another object to carry around.
 """
@@ -91,7 +95,8 @@ class NFSP(nn.Module):
     def encode(self, payload: VisualPayload) -> VisualCodes:
         """Tokenize a batch's images and videos and lay their tokens out in the batch's token order."""
         self.check_layout(payload)
-        encoded: dict[int, tuple[Tensor, Tensor]] = {}
+        items = payload.items.tolist()
+        encoded: dict[int, tuple[Tensor, Tensor, Tensor | None]] = {}
         given = ((VisualItem.IMAGE, payload.image_pixels), (VisualItem.VIDEO, payload.video_pixels))
         for kind, pixels in given:
             if pixels is None:
@@ -101,17 +106,24 @@ class NFSP(nn.Module):
             if kind == VisualItem.IMAGE and self.tokenizer.temporal:
                 pixels = pixels.unsqueeze(2)  # an image is a one-frame video (never temporally compressed)
             codes = self.tokenizer.encode(pixels)
-            features = self.tokenizer.scale_inputs(codes)
-            encoded[kind] = (flatten_scales(codes), flatten_scales(features))
+            read = any(k == kind and whole for k, _, _, _, whole in items)
+            encoded[kind] = (
+                flatten_scales(codes),
+                flatten_scales(self.tokenizer.scale_inputs(codes)),
+                flatten_scales(self.tokenizer.scale_readings(codes)) if read else None,
+            )
         tokens, features = [], []
-        for kind, index, _, frames in payload.items.tolist():
+        for kind, index, _, frames, whole in items:
             if kind == VisualItem.CODES:  # codes given by the data (pre-tokenized, or generated and fed back)
                 flat = payload.codes[index : index + frames * self.tokens_per_frame]
                 per_scale = unflatten_scales(flat[None], self.scales, frames)
+                inputs = self.tokenizer.scale_readings if whole else self.tokenizer.scale_inputs
                 item_tokens = flat
-                item_features = flatten_scales(self.tokenizer.scale_inputs(per_scale))[0]
+                item_features = flatten_scales(inputs(per_scale))[0]
             else:
-                item_tokens, item_features = encoded[kind][0][index], encoded[kind][1][index]
+                item_codes, teacher_forced, readings = encoded[kind]
+                item_tokens = item_codes[index]
+                item_features = (readings if whole else teacher_forced)[index]
             if item_tokens.shape[0] != frames * self.tokens_per_frame:
                 raise ValueError(
                     f"visual item {index} encodes to {item_tokens.shape[0]} tokens but the batch reserved "

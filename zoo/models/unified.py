@@ -61,10 +61,14 @@ class UnifiedModel(Configurable, nn.Module):
         visual_tokenizer: a trained multi-scale visual tokenizer (frozen here): enables NFSP image and
             video generation and understanding from codes. Its codebook must fit `vocab.visual_size`.
         audio_codec: a trained RVQ codec (frozen here): enables NCP audio generation and understanding.
-        vision_encoder: a dual-path encoder for context images (trained with the model).
+        vision_encoder: a dual-path encoder for context images (trained with the model unless frozen).
         ncp_depth_layers: layers of the NCP depth transformer.
         visual_loss_weight: weight of the NFSP loss.
         audio_loss_weight: weight of the NCP loss.
+        freeze_vision_encoder: keep the vision encoder as it was loaded (no gradient, always in eval mode),
+            like the tokenizers. For a pretrained encoder under a short budget: trained on at the
+            backbone's learning rate, its batch norms see the 2-3 context images of a step, and it drifted
+            into one constant token for every image within 450 steps (docs/results.md).
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class UnifiedModel(Configurable, nn.Module):
         ncp_depth_layers: int = 2,
         visual_loss_weight: float = 1.0,
         audio_loss_weight: float = 1.0,
+        freeze_vision_encoder: bool = False,
     ) -> None:
         super().__init__()
         if mtp_depth < 0:
@@ -110,10 +115,19 @@ class UnifiedModel(Configurable, nn.Module):
         if audio_codec is not None:
             self.ncp = NCP(audio_codec, vocab, dim, ncp_depth_layers, loss_weight=audio_loss_weight)
         self.vision_encoder = vision_encoder
+        self.freeze_vision_encoder = freeze_vision_encoder and vision_encoder is not None
+        if self.freeze_vision_encoder:
+            vision_encoder.requires_grad_(False).eval()
         self.context_proj: nn.Module | None = None
+        self.context_norm: nn.RMSNorm | None = None
         if vision_encoder is not None:
             out_dim = vision_encoder.out_dim
             self.context_proj = nn.Identity() if out_dim == dim else nn.Linear(out_dim, dim, bias=False)
+            # The encoder's tokens enter the residual stream at unit RMS. Unnormalised they grow to hundreds
+            # (measured: RMS ~40 after 900 steps), and under pre-norm blocks a huge residual both drowns
+            # what the blocks add at those positions and divides the gradient reaching the encoder by its
+            # size, so image to caption never learned from the context path.
+            self.context_norm = nn.RMSNorm(dim, eps=backbone.norm_eps)
         self.ncp_depth_layers = ncp_depth_layers
         self.visual_loss_weight, self.audio_loss_weight = visual_loss_weight, audio_loss_weight
         # How many text ids the tokenizer in use defines (`decode_text_with`); None: all of vocab.text_size.
@@ -145,6 +159,12 @@ class UnifiedModel(Configurable, nn.Module):
     def audio_codec(self) -> AudioCodec | None:
         return None if self.ncp is None else self.ncp.codec
 
+    def train(self, mode: bool = True) -> UnifiedModel:
+        super().train(mode)
+        if self.freeze_vision_encoder:
+            self.vision_encoder.eval()  # its batch-norm statistics stay the loaded ones
+        return self
+
     def encode_media(self, batch: GroupBatch) -> MediaInputs:
         """Tokenize / encode the media a batch carries (pixels, waveforms), once per forward."""
         media = MediaInputs()
@@ -166,7 +186,7 @@ class UnifiedModel(Configurable, nn.Module):
                     f"{tuple(self.vision_encoder.grid)}: set the datamodule's layout.context_grid"
                 )
             tokens = self.vision_encoder(batch.context.pixels)
-            media.context = self.context_proj(tokens.flatten(0, 1))
+            media.context = self.context_norm(self.context_proj(tokens.flatten(0, 1)))
         return media
 
     def embed(self, batch: GroupBatch, media: MediaInputs | None = None) -> Tensor:

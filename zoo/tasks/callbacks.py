@@ -153,11 +153,15 @@ class GenerationWriter(BasePredictionWriter):
 class MultimodalGallery(L.Callback):
     """At the end of fit, evaluate every modality the model and data support with the ShapesWorld verifiers
     (`zoo.tasks.multimodal_eval.evaluate`), print the scores beside their baselines, and write the gallery
-    page (`gallery/gallery.md` with PNG/GIF/WAV files and `metrics.json`) in `trainer.default_root_dir`.
+    page (`gallery/gallery.md` with PNG/GIF/WAV files, `overview.png` and `metrics.json`) in
+    `trainer.default_root_dir`.
 
     Args:
-        num_samples: scenes per task.
-        split: "val" (training compositions) or "test" (held-out colour-shape pairs).
+        num_samples: scenes per task (and per split).
+        split: "val" (training compositions) or "test" (held-out colour-shape pairs): the gallery's pictures
+            and the unprefixed keys of metrics.json (`image_to_text/exact`).
+        score_splits: further splits scored too, under `<split>/` keys (`test/image_to_text/exact`), no
+            pictures: e.g. ["test"] to see how far held-out compositions fall behind.
         cfg_scale: classifier-free guidance weight for image and video generation.
         temperature: sampling temperature.
         top_k: top-k filtering of every sampled token (None: off).
@@ -168,12 +172,14 @@ class MultimodalGallery(L.Callback):
         self,
         num_samples: int = 16,
         split: str = "val",
+        score_splits: list[str] | None = None,
         cfg_scale: float = 2.0,
         temperature: float = 1.0,
         top_k: int | None = 8,
         seed: int = 0,
     ) -> None:
         self.num_samples, self.split, self.cfg_scale = num_samples, split, cfg_scale
+        self.score_splits = list(score_splits or [])
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -188,22 +194,33 @@ class MultimodalGallery(L.Callback):
             Console().print("MultimodalGallery: skipped for a sharded model; evaluate an exported checkpoint")
             return
         was_training = pl_module.training
-        result = evaluate(
-            pl_module.model, datamodule, self.num_samples, self.split, self.cfg_scale, self.temperature,
-            self.top_k, seed=self.seed,
-        )
-        pl_module.train(was_training)
-        page = write_gallery(result, out_dir, f"ShapesWorld gallery after {trainer.global_step} steps")
-        table = Table(title=f"Verifier scores on {self.num_samples} {self.split} scenes per task")
-        for column in ("task", "exact", "attributes", "baseline exact", "baseline attributes"):
-            table.add_column(column, justify="left" if column == "task" else "center")
-        m = result.metrics
-        for task in sorted({k.split("/")[0] for k in m}):
-            table.add_row(
-                task, *(f"{m[f'{task}/{k}']:.2f}" for k in (
-                    "exact", "attribute_accuracy", "baseline_exact", "baseline_attribute_accuracy"
-                ))
+
+        def scored(split: str):  # noqa: ANN202 (an Evaluation)
+            return evaluate(
+                pl_module.model, datamodule, self.num_samples, split, self.cfg_scale, self.temperature,
+                self.top_k, seed=self.seed,
             )
+
+        result = scored(self.split)
+        held_out = {split: scored(split).metrics for split in self.score_splits if split != self.split}
+        pl_module.train(was_training)
+        tasks = sorted({k.split("/")[0] for k in result.metrics})
+        for split, metrics in held_out.items():
+            result.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})
+        page = write_gallery(result, out_dir, f"ShapesWorld gallery after {trainer.global_step} steps")
+        m = result.metrics
+        table = Table(title=f"Verifier scores, {self.num_samples} scenes per task and split (95% intervals)")
+        for column in ("task", "split", "exact", "attributes", "baseline exact", "baseline attributes"):
+            table.add_column(column, justify="left" if column in ("task", "split") else "center")
+        for split, prefix in ((self.split, ""), *((s, f"{s}/") for s in held_out)):
+            for task in tasks:
+                p = f"{prefix}{task}"
+                table.add_row(
+                    task, split,
+                    *(f"{m[f'{p}/{k}']:.2f} [{m[f'{p}/{k}_ci95_low']:.2f}, {m[f'{p}/{k}_ci95_high']:.2f}]"
+                      for k in ("exact", "attribute_accuracy")),
+                    *(f"{m[f'{p}/{k}']:.2f}" for k in ("baseline_exact", "baseline_attribute_accuracy")),
+                )
         console = Console()
         console.print(table)
         if "text_to_audio/word_accuracy" in m:

@@ -18,6 +18,7 @@ prompt and verifier score.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +75,39 @@ def supported_tasks(model: UnifiedModel, data: ShapesMultimodalDataModule) -> li
 
 def _mean(scores: list[CaptionScore], field_name: str) -> float:
     return sum(float(getattr(s, field_name)) for s in scores) / max(len(scores), 1)
+
+
+def interval95(values: list[float], proportion: bool = False) -> tuple[float, float]:
+    """95% interval of the mean of `values` in [0, 1]: Wilson's for a proportion of 0/1 outcomes (honest at
+    0 and 1, where the normal one collapses to a point), else mean +- 1.96 standard errors, clipped."""
+    n = len(values)
+    if n == 0:
+        return 0.0, 1.0
+    mean = sum(values) / n
+    if proportion:
+        z2 = 1.96**2
+        centre = (mean + z2 / (2 * n)) / (1 + z2 / n)
+        half = 1.96 * math.sqrt(mean * (1 - mean) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    else:
+        var = sum((v - mean) ** 2 for v in values) / max(n - 1, 1)
+        centre, half = mean, 1.96 * math.sqrt(var / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _scored(task: str, scores: list[CaptionScore], base: list[CaptionScore]) -> dict[str, float]:
+    """The model's and the baseline's exact and attribute scores, with the model's 95% intervals."""
+    exact = [float(s.exact) for s in scores]
+    attributes = [float(s.attribute_accuracy) for s in scores]
+    metrics = {
+        f"{task}/exact": _mean(scores, "exact"),
+        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
+        f"{task}/baseline_exact": _mean(base, "exact"),
+        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
+    }
+    for name, values, proportion in (("exact", exact, True), ("attribute_accuracy", attributes, False)):
+        low, high = interval95(values, proportion)
+        metrics[f"{task}/{name}_ci95_low"], metrics[f"{task}/{name}_ci95_high"] = low, high
+    return metrics
 
 
 def _random_codes(model: UnifiedModel, n: int, frames: int, generator: torch.Generator) -> list[Tensor]:
@@ -150,17 +184,15 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
     world = data.motion_world if task.media == "video" else data.world
     for scene, m, score in zip(scenes, media, scores, strict=True):
         result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
-    result.metrics.update({
-        f"{task}/exact": _mean(scores, "exact"),
-        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
-        f"{task}/baseline_exact": _mean(base, "exact"),
-        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
-    })
+    result.metrics.update(_scored(task, scores, base))
     if task == Task.TEXT_TO_AUDIO:  # partial credit: the right words in a caption that does not parse
         said = [world.caption(s) for s in scenes]
         for key, waves in (("word_accuracy", media), ("baseline_word_accuracy", baseline)):
-            heard = [read_speech(w, SAMPLE_RATE) for w in waves]
-            result.metrics[f"{task}/{key}"] = sum(map(word_accuracy, said, heard)) / max(len(said), 1)
+            words = [word_accuracy(c, read_speech(w, SAMPLE_RATE)) for c, w in zip(said, waves, strict=True)]
+            result.metrics[f"{task}/{key}"] = sum(words) / max(len(words), 1)
+            if key == "word_accuracy":
+                low, high = interval95(words)
+                result.metrics.update({f"{task}/{key}_ci95_low": low, f"{task}/{key}_ci95_high": high})
 
 
 def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_tokens,
@@ -179,12 +211,7 @@ def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k
         given = getattr(media, "pixels", None)
         given = given if given is not None else getattr(media, "wave", None)
         result.samples.append(Sample(task, scene, world.caption(scene), text, given, score))
-    result.metrics.update({
-        f"{task}/exact": _mean(scores, "exact"),
-        f"{task}/attribute_accuracy": _mean(scores, "attribute_accuracy"),
-        f"{task}/baseline_exact": _mean(base, "exact"),
-        f"{task}/baseline_attribute_accuracy": _mean(base, "attribute_accuracy"),
-    })
+    result.metrics.update(_scored(task, scores, base))
 
 
 @torch.no_grad()
@@ -286,24 +313,45 @@ def _save_media(sample: Sample, path: Path) -> str:
     return "" if sample.media is None else save_media(sample.media, path).name
 
 
+def _cell(m: dict[str, float], key: str) -> str:
+    """`0.42 [0.30, 0.55]`: a score with its 95% interval, when the evaluation gave one."""
+    low, high = m.get(f"{key}_ci95_low"), m.get(f"{key}_ci95_high")
+    return f"{m[key]:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+
+
 def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "ShapesWorld gallery") -> Path:
-    """Save every sample's media and a Markdown page (`gallery.md`) plus `metrics.json`; returns the page."""
+    """Save every sample's media, `overview.png` (every task at a glance, verdicts marked), a Markdown page
+    (`gallery.md`) and `metrics.json`; returns the page. Metrics of further splits, keyed `<split>/<task>/..`
+    (`MultimodalGallery(score_splits=...)`), get their own rows in the page's table."""
+    from zoo.tasks.gallery_overview import curve_figure, overview_figure
+    from zoo.tasks.verifier_curve import CURVE_FILE
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=2) + "\n")
-    lines = [f"# {title}", "", "| task | verifier (model) | baseline |", "|---|---|---|"]
-    tasks = sorted({k.split("/")[0] for k in evaluation.metrics})
-    for task in tasks:
-        m = evaluation.metrics
-        model_cell = f"exact {m[f'{task}/exact']:.2f}, attributes {m[f'{task}/attribute_accuracy']:.2f}"
-        base_cell = (
-            f"exact {m[f'{task}/baseline_exact']:.2f}, "
-            f"attributes {m[f'{task}/baseline_attribute_accuracy']:.2f}"
-        )
-        if f"{task}/word_accuracy" in m:
-            model_cell += f", words {m[f'{task}/word_accuracy']:.2f}"
-            base_cell += f", words {m[f'{task}/baseline_word_accuracy']:.2f}"
-        lines.append(f"| {task} | {model_cell} | {base_cell} |")
+    m = evaluation.metrics
+    lines = [f"# {title}", "", "![every task at a glance](overview.png)", "",
+             "Scores with 95% intervals (Wilson's for exact); another split than the pictures' is prefixed.",
+             "",
+             "| task | exact | attributes | words in place | baseline exact | baseline attributes |",
+             "|---|---|---|---|---|---|"]
+    tasks = sorted({k.split("/")[0] for k in m if f"{k.split('/')[0]}/exact" in m})
+    prefixes = [""] + sorted({k.split("/")[0] + "/" for k in m if k.count("/") >= 2})
+    for prefix in prefixes:
+        for task in tasks:
+            p = f"{prefix}{task}"
+            if f"{p}/exact" not in m:
+                continue
+            words = _cell(m, f"{p}/word_accuracy") + f" (random {m[f'{p}/baseline_word_accuracy']:.2f})" \
+                if f"{p}/word_accuracy" in m else ""
+            lines.append(
+                f"| {p} | {_cell(m, f'{p}/exact')} | {_cell(m, f'{p}/attribute_accuracy')} | {words} | "
+                f"{m[f'{p}/baseline_exact']:.2f} | {m[f'{p}/baseline_attribute_accuracy']:.2f} |"
+            )
+    if evaluation.samples:
+        overview_figure(evaluation.samples, m, directory / "overview.png", title=title)
+    if curve_figure(directory.parent / CURVE_FILE, directory / "curve.png") is not None:
+        lines[3:3] = ["![the verifiers while training](curve.png)", ""]
     for task in tasks:
         lines += ["", f"## {task}", "", "| prompt | output | verifier |", "|---|---|---|"]
         for i, sample in enumerate(s for s in evaluation.samples if s.task == task):

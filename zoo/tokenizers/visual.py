@@ -337,6 +337,13 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
         inputs = self.quantizer.scale_inputs([c.flatten(0, 1) for c in codes])
         return [x.unflatten(0, (b, -1)) for x in inputs]
 
+    def scale_readings(self, codes: list[Tensor]) -> list[Tensor]:
+        """The inputs of an image or video the model reads but does not predict (understanding): entry k the
+        accumulated quantised features of scales <= k resized to s_k, shaped as `scale_inputs`."""
+        b, _ = self._check_codes(codes)
+        readings = self.quantizer.scale_readings([c.flatten(0, 1) for c in codes])
+        return [x.unflatten(0, (b, -1)) for x in readings]
+
     @torch.no_grad()
     def next_scale_input(self, codes: list[Tensor]) -> Tensor:
         """For generation scale by scale: the input of scale m given the codes of scales 0..m-1 (m < K),

@@ -228,6 +228,23 @@ class MultiScaleQuantizer(Configurable, nn.Module):
                 f_hat = f_hat + self._up(k, self.lookup(codes[k]), size)
         return inputs
 
+    def scale_readings(self, codes: list[Tensor]) -> list[Tensor]:
+        """Understanding: entry k is f_hat of scales <= k, area-resized to s_k x s_k, as [N, s_k, s_k, D].
+
+        An image the model only reads (no code of it is predicted) needs no teacher forcing: each scale's
+        positions carry what the image looks like through that scale, so the finest scale holds the whole
+        reconstruction. `scale_inputs` never uses the last scale's codes, which would hide every detail
+        finer than the second-to-last scale from a caption written about the image."""
+        self.check_codes(codes)
+        size = self.scales[-1]
+        f_hat = self.embedding.new_zeros(codes[0].shape[0], self.dim, size, size)
+        readings = []
+        for k, index in enumerate(codes):
+            f_hat = f_hat + self._up(k, self.lookup(index), size)
+            s = self.scales[k]
+            readings.append(F.interpolate(f_hat, size=(s, s), mode="area").permute(0, 2, 3, 1))
+        return readings
+
     def next_scale_input(self, codes: list[Tensor]) -> Tensor:
         """Generation: f_hat of the m given scales area-resized to scale m, [N, s_m, s_m, D] (VAR's
         `get_next_autoregressive_input`); equals `scale_inputs` entry m of any longer prefix."""
