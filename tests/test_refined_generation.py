@@ -18,6 +18,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from zoo.datamodules.requests import MediaRequest
 from zoo.datamodules.sequence import MediaLayout
@@ -28,6 +29,7 @@ from zoo.models.media_generation import generate_visual
 from zoo.models.refinement import ImageRefinement, RefinerSettings, decode_visual
 from zoo.models.refiner import DiffusionRefiner
 from zoo.models.unified import UnifiedModel
+from zoo.tasks.callbacks import GenerationWriter
 from zoo.tasks.metrics import per_image_psnr
 from zoo.tasks.multimodal_eval import answer_requests, evaluate, write_gallery
 from zoo.tasks.pretrain import SamplingConfig, UnifiedPretraining
@@ -153,6 +155,15 @@ def test_predict_refines_generated_images_from_the_sampling_refiner_folder(setup
     rows = answer_requests(model, data, [request], refinement=refinement)
     assert rows[0]["media"].shape == (3, 64, 64) and "scores" in rows[0]
 
+    # `zoo predict`'s loop: the written PNGs are the refined 64-pixel images (scaled 4x for the page).
+    output = tmp_path / "predictions.jsonl"
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[GenerationWriter(str(output))])
+    data.predict_scenes = 2
+    trainer.predict(task, datamodule=data)
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    images = [Image.open(r["media"]) for r in written if r["task"] == "text_to_image"]
+    assert images and all(image.size == (256, 256) for image in images)
+
 
 def test_the_pipeline_draws_refined_images_unless_asked_not_to(setup):
     model, data = setup
@@ -193,3 +204,23 @@ def test_the_benchmark_reports_the_plain_evaluations_figures_beside_the_refined_
     assert result["decoded_psnr"] == round(per_image_psnr(bicubic, renders).mean().item(), 4)
     assert result["refined_psnr"] != result["decoded_psnr"]
     assert {"refined_exact", "refined_ssim", "decoded_ssim", "psnr_gain_db"} <= set(result)
+
+
+def test_the_refiner_is_set_in_yaml_for_predict_and_for_the_gallery(tmp_path, monkeypatch):
+    from zoo.cli import ZooCLI
+    from zoo.tasks.callbacks import MultimodalGallery
+
+    monkeypatch.chdir(tmp_path)
+    folder = tiny_refiner().save_pretrained(tmp_path / "diffusion_refiner")
+    overlay = tmp_path / "refined.yaml"
+    overlay.write_text(
+        "model:\n  init_args:\n    sampling:\n      refiner: {source: " + str(folder) + ", steps: 2}\n"
+        "trainer:\n  callbacks:\n    - class_path: zoo.tasks.callbacks.MultimodalGallery\n"
+        "      init_args:\n        refiner: {source: " + str(folder) + ", steps: 1, seed: 4}\n"
+    )
+    cli = ZooCLI(args=["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(overlay),
+                       f"--trainer.default_root_dir={tmp_path}"], run=False)  # fmt: skip
+    assert cli.model.sampling.refiner == RefinerSettings(str(folder), 2, 0)
+    assert cli.model.hparams["sampling"]["refiner"]["source"] == str(folder)  # saved as plain config
+    gallery = next(c for c in cli.trainer.callbacks if isinstance(c, MultimodalGallery))
+    assert gallery.refinement.steps == 1 and gallery.refinement.seed == 4 and gallery.refinement.size == 64

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from zoo.models.refiner import DiffusionRefiner
-
 if TYPE_CHECKING:
     from zoo.models.decodable import DecodingModel
+    from zoo.models.refiner import DiffusionRefiner
+
+# `zoo.models.refiner` (and so diffusers) is imported only when a refiner is used: the tasks, the pipeline and
+# the gallery import this module, and a run without a refiner should not pay for diffusers' import.
 
 
 class ImageRefinement:
@@ -36,6 +38,8 @@ class ImageRefinement:
     """
 
     def __init__(self, refiner: DiffusionRefiner, steps: int | None = None, seed: int = 0) -> None:
+        from zoo.models.refiner import DiffusionRefiner
+
         if not isinstance(refiner, DiffusionRefiner):
             raise TypeError(f"ImageRefinement needs a DiffusionRefiner, got {type(refiner).__name__}")
         limit = refiner.noise_scheduler.config.num_train_timesteps
@@ -102,6 +106,9 @@ class RefinerSettings:
     seed: int = 0
 
     def load(self, device: str | torch.device = "cpu") -> ImageRefinement:
+        """The refiner of `source` (rebuilt through the allow-list, weights loaded strictly)."""
+        from zoo.models.refiner import DiffusionRefiner
+
         refiner = DiffusionRefiner.from_pretrained(self.source, device=device)
         return ImageRefinement(refiner, self.steps, self.seed)
 
