@@ -5,6 +5,7 @@
     zoo generate MODEL --image scene.png                                             # image to caption
     zoo generate MODEL --audio speech.wav                                            # speech to transcript
     zoo generate MODEL "a small red circle" --output speech --out circle.wav         # caption to speech
+    zoo generate MODEL "a small red circle" --output image --refiner runs/refiner/latest/diffusion_refiner
 
 SOURCE is what `zoo.pipeline` opens: a Lightning checkpoint, an exported folder or a hub repo id. Text goes
 to stdout as it is generated; media are written to `--out` (default `generated.png`, `.gif` or `.wav`) and
@@ -42,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-scale", type=float, default=2.0, help="guidance weight of images and video")
     p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--refiner", default=None, help="a diffusion refiner's folder or hub id: refines images")
+    p.add_argument("--refiner-steps", type=int, default=None, help="its sampling steps (default: its own)")
     return p
 
 
@@ -50,9 +53,11 @@ def generate_main(argv: list[str]) -> None:
 
     from zoo.inference import Speech, pipeline
     from zoo.media import save_gif, save_png, save_wav
+    from zoo.models.refinement import RefinerSettings
 
     args = parser().parse_args(argv)
-    pipe = pipeline(args.source, device=args.device)
+    refiner = None if args.refiner is None else RefinerSettings(args.refiner, args.refiner_steps)
+    pipe = pipeline(args.source, device=args.device, refiner=refiner)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.output == "text":
         pieces = pipe.stream(

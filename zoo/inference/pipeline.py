@@ -41,6 +41,7 @@ from zoo.media import MediaSource, kind_of
 from zoo.models.decode import text_prompts
 from zoo.models.generation import stream_text
 from zoo.models.media_generation import generate_audio, generate_visual
+from zoo.models.refinement import ImageRefinement, RefinerSettings, decode_visual
 from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.task_names import Task
@@ -76,6 +77,8 @@ class Pipeline:
             rather than as the visual tokenizer's codes. None: the encoder when the model has no visual
             tokenizer, else the codes.
         media: how input media are decoded (fit policy, clip start, ...; sizes come from the model).
+        refinement: the diffusion refiner applied to generated images and video frames after the tokenizer's
+            decode (`zoo.models.refinement`); None: the decode as it is.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class Pipeline:
         tokenizer: TextTokenizer,
         image_context: bool | None = None,
         media: MediaSpec = MediaSpec(),
+        refinement: ImageRefinement | None = None,
     ) -> None:
         if tokenizer.vocab_size > model.vocab.text_size:
             raise ValueError(
@@ -101,6 +105,9 @@ class Pipeline:
             model.vocab, tokenizer, self.layout, seq_len, image_context, support=MediaSupport.of(model)
         )
         self.builder = SequenceBuilder(model.vocab, seq_len, layout=self.layout)
+        if refinement is not None and model.nfsp is not None:
+            refinement.check_fits(model.nfsp.tokenizer.image_size)
+        self.refinement = refinement
 
     @property
     def device(self) -> torch.device:
@@ -122,11 +129,13 @@ class Pipeline:
         cfg_scale: float = 2.0,
         max_audio_frames: int = 160,
         seed: int | None = None,
+        refine: bool = True,
     ) -> str | Image.Image | list[Image.Image] | Speech:
         """Text out: the continuation of `text`, or the caption (transcript) of the one medium given, `text`
         then being the prompt training put before it. `output="image"`, `"video"` or `"speech"`: the medium
         drawn for the caption `text` (classifier-free guidance `cfg_scale` for images and video).
-        temperature 0 is greedy; `seed` makes sampling repeatable."""
+        temperature 0 is greedy; `seed` makes sampling repeatable. `refine=False` skips the pipeline's refiner
+        (when it has one) for this call: the tokenizer's decode of the same codes."""
         if output == "text":
             pieces = self.stream(
                 text, image=image, audio=audio, video=video, max_new_tokens=max_new_tokens,
@@ -150,7 +159,8 @@ class Pipeline:
         frames = self.layout.latent_frames(self.spec.video_frames) if output == "video" else 1
         self.check_fits(len(prompt), 2 + frames * self.layout.tokens_per_frame, "visual codes")
         codes = generate_visual(self.model, [prompt], frames, cfg_scale, temperature, top_k, top_p, generator)
-        pixels = self.model.nfsp.decode(codes)[0]  # [3, H, W] or [3, T, H, W]
+        refinement = self.refinement if refine else None
+        pixels = decode_visual(self.model, codes, refinement)[0]  # [3, H, W] or [3, T, H, W]
         if output == "image":
             return to_pil(pixels if pixels.dim() == 3 else pixels[:, 0])  # a 3D tokenizer: one frame
         return [to_pil(frame) for frame in pixels.unbind(1)]
@@ -385,10 +395,12 @@ def pipeline(
     media: MediaSpec = MediaSpec(),
     revision: str | None = None,
     local_files_only: bool = False,
+    refiner: str | RefinerSettings | None = None,
 ) -> Pipeline:
     """A `Pipeline` over a Lightning checkpoint of `UnifiedPretraining` (a `.ckpt` file or an FSDP2 folder), a
     folder `zoo export` / `save_pretrained` wrote, or a Hugging Face Hub repo id. Loading executes nothing:
-    weights-only checkpoints and safetensors, allow-listed classes (`zoo.hub`)."""
+    weights-only checkpoints and safetensors, allow-listed classes (`zoo.hub`). refiner: a diffusion refiner's
+    folder or Hub id (or its `RefinerSettings`: steps, seed) that refines generated images."""
     path = Path(source)
     if path.is_file() or (path / "meta.pt").is_file():
         model, tokenizer = load_lightning_checkpoint(path)
@@ -401,4 +413,6 @@ def pipeline(
             f"{source} holds no text tokenizer (tokenizer.json, or one stored in the checkpoint): the "
             "pipeline needs the tokenizer the model was trained with"
         )
-    return Pipeline(model, tokenizer, image_context, media)
+    settings = RefinerSettings(refiner) if isinstance(refiner, str) else refiner
+    refinement = None if settings is None else settings.load(device)
+    return Pipeline(model, tokenizer, image_context, media, refinement)

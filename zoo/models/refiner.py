@@ -51,6 +51,8 @@ class DiffusionRefiner(PretrainedComponent, nn.Module):
         eta: DDIM's noise weight (0: deterministic); ignored by the other samplers.
         residual: diffuse `target - upsample(condition)` instead of the target itself.
         upsample: interpolation used to bring the condition to full resolution.
+        condition_size: side of the condition the refiner is trained on and refines (e.g. the visual
+            tokenizer's image size); `loss` and `refine` refuse another. None: any side up to `image_size`.
         weights: a `.safetensors` file (or a folder with `model.safetensors`) to load after building;
             construction-only (saved configs record None).
     """
@@ -64,6 +66,7 @@ class DiffusionRefiner(PretrainedComponent, nn.Module):
         return [
             f"- output {self.image_size} x {self.image_size}; sampler {self.scheduler}, "
             f"{self.init_args['num_inference_steps']} steps; residual {self.residual}",
+            *([f"- condition {self.condition_size} x {self.condition_size}"] if self.condition_size else []),
         ]
 
     construction_only = ("weights",)
@@ -84,6 +87,7 @@ class DiffusionRefiner(PretrainedComponent, nn.Module):
         eta: float = 0.0,
         residual: bool = True,
         upsample: Literal["nearest", "bilinear", "bicubic"] = "bilinear",
+        condition_size: int | None = None,
         weights: str | None = None,
     ) -> None:
         super().__init__()
@@ -119,7 +123,13 @@ class DiffusionRefiner(PretrainedComponent, nn.Module):
                 f"num_inference_steps={num_inference_steps} must be in 1..num_train_timesteps "
                 f"({num_train_timesteps})"
             )
+        if condition_size is not None and not 1 <= condition_size <= image_size:
+            raise ValueError(
+                f"condition_size={condition_size} must be in 1..image_size ({image_size}): the condition is "
+                "the low-resolution decode"
+            )
         self.image_size = image_size
+        self.condition_size = condition_size
         self.prediction_type = prediction_type
         self.scheduler = scheduler
         self.num_inference_steps = num_inference_steps
@@ -171,6 +181,12 @@ class DiffusionRefiner(PretrainedComponent, nn.Module):
             raise ValueError(
                 f"DiffusionRefiner: {name} is {h}x{w}, larger than the output image_size {s}; "
                 "the condition is the low-resolution decode"
+            )
+        c = self.condition_size
+        if not full and c is not None and (h, w) != (c, c):
+            raise ValueError(
+                f"DiffusionRefiner: {name} is {h}x{w}, but this refiner refines {c}x{c} conditions "
+                "(condition_size)"
             )
 
     def upsampled(self, condition: Tensor) -> Tensor:

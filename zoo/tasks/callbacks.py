@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo.models.moe import Router
+from zoo.models.refinement import RefinerSettings
 from zoo.parallel import is_sharded
 
 
@@ -166,6 +167,9 @@ class MultimodalGallery(L.Callback):
         temperature: sampling temperature.
         top_k: top-k filtering of every sampled token (None: off).
         seed: sampling seed.
+        refiner: a diffusion refiner (folder or Hub id, steps, seed) for caption-to-image: the page shows each
+            decode beside its refinement, and metrics.json adds `text_to_image/refined_exact`, `/psnr`, ...
+            (loaded here, so that a wrong folder fails before training).
     """
 
     def __init__(
@@ -177,10 +181,12 @@ class MultimodalGallery(L.Callback):
         temperature: float = 1.0,
         top_k: int | None = 8,
         seed: int = 0,
+        refiner: RefinerSettings | None = None,
     ) -> None:
         self.num_samples, self.split, self.cfg_scale = num_samples, split, cfg_scale
         self.score_splits = list(score_splits or [])
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
+        self.refinement = None if refiner is None else refiner.load()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
@@ -198,7 +204,7 @@ class MultimodalGallery(L.Callback):
         def scored(split: str):  # noqa: ANN202 (an Evaluation)
             return evaluate(
                 pl_module.model, datamodule, self.num_samples, split, self.cfg_scale, self.temperature,
-                self.top_k, seed=self.seed,
+                self.top_k, seed=self.seed, refinement=self.refinement,
             )
 
         result = scored(self.split)
@@ -227,6 +233,12 @@ class MultimodalGallery(L.Callback):
             console.print(
                 f"text_to_audio: caption words read back in place {m['text_to_audio/word_accuracy']:.2f} "
                 f"(random codes {m['text_to_audio/baseline_word_accuracy']:.2f})"
+            )
+        if "text_to_image/refined_exact" in m:
+            console.print(
+                f"text_to_image refined: exact {m['text_to_image/refined_exact']:.2f}, attributes "
+                f"{m['text_to_image/refined_attribute_accuracy']:.2f}; PSNR {m['text_to_image/psnr']:.2f} dB "
+                f"(decode, bicubic) -> {m['text_to_image/refined_psnr']:.2f} dB (refined)"
             )
         console.print(f"gallery written to {page}")
         for logger in trainer.loggers:

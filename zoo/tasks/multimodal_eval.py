@@ -13,6 +13,10 @@ the same way on the same scenes:
 
 `write_gallery` saves every sample (PNG, GIF, WAV) with a Markdown page that shows each beside its
 prompt and verifier score.
+
+Given an `ImageRefinement` (the diffusion refiner, `zoo.models.refinement`), caption-to-image decodes are
+also refined and scored again (`refined_exact`, `psnr`, `refined_psnr`, ...: `zoo.tasks.refined_eval`); the
+page shows the decode and the refined image side by side. Every other key stays as it is.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.media.writing import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
+from zoo.models.refinement import ImageRefinement, decode_visual
 from zoo.models.unified import UnifiedModel
 from zoo.task_names import GENERATION, UNDERSTANDING, Task
+from zoo.tasks.refined_eval import refined_metrics
 from zoo.world.render import verify_image, verify_video
 from zoo.world.scenes import CaptionScore, Scene, verify_caption
 from zoo.world.speech import SAMPLE_RATE, read_speech, verify_speech, word_accuracy
@@ -49,6 +55,8 @@ class Sample:
     output: str = ""  # generated caption (understanding) or "" (generation)
     media: Tensor | None = None  # generated or given pixels / waveform
     score: CaptionScore | None = None
+    refined: Tensor | None = None  # the refiner's output from the same codes (caption to image, when refined)
+    refined_score: CaptionScore | None = None
 
 
 @dataclass
@@ -131,13 +139,17 @@ def evaluate(
     seed: int = 0,
     tasks: list[str] | None = None,
     caption_temperature: float = 0.0,
+    refinement: ImageRefinement | None = None,
 ) -> Evaluation:
     """Score the model on `n` scenes of `split` per task; metrics are keyed `task/verifier`.
 
     Media are sampled at `temperature` with `top_k` (and guidance `cfg_scale`); captions are decoded at
-    `caption_temperature` (0: greedy, the one best answer, which is what exact match should judge)."""
+    `caption_temperature` (0: greedy, the one best answer, which is what exact match should judge).
+    refinement: also refine and score the caption-to-image decodes (the same codes; `refined_*` keys)."""
     if data.tokenizer is None:
         data.setup("validate")
+    if refinement is not None and model.nfsp is not None:  # refused before any generation
+        refinement.check_fits(model.nfsp.tokenizer.image_size)
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -149,6 +161,8 @@ def evaluate(
         if task in GENERATION:
             _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_audio_frames,
                                  generator, cpu_generator, result)
+            if refinement is not None and task == Task.TEXT_TO_IMAGE:
+                _refine_samples(task, refinement, result)
         else:
             _evaluate_understanding(model, data, task, scenes, split, caption_temperature, top_k,
                                     max_caption_tokens, generator, result)
@@ -177,8 +191,8 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
     else:
         frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
         codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k, None, generator)
-        media = list(model.nfsp.decode(codes).cpu())
-        baseline = list(model.nfsp.decode(_random_codes(model, len(scenes), frames, cpu_generator)).cpu())
+        media = list(decode_visual(model, codes).cpu())
+        baseline = list(decode_visual(model, _random_codes(model, len(scenes), frames, cpu_generator)).cpu())
     scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
     base = [_verify(task, m, s, data) for m, s in zip(baseline, scenes, strict=True)]
     world = data.motion_world if task.media == "video" else data.world
@@ -193,6 +207,16 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
             if key == "word_accuracy":
                 low, high = interval95(words)
                 result.metrics.update({f"{task}/{key}_ci95_low": low, f"{task}/{key}_ci95_high": high})
+
+
+def _refine_samples(task: Task, refinement: ImageRefinement, result: Evaluation) -> None:
+    """Refine the decodes of `task`'s samples just evaluated, score them and add the refined metrics."""
+    samples = [s for s in result.samples if s.task == task]
+    refined = list(refinement.refine(torch.stack([s.media for s in samples])).cpu())
+    scores, metrics = refined_metrics(task, [s.media for s in samples], refined, [s.scene for s in samples])
+    for sample, image, score in zip(samples, refined, scores, strict=True):
+        sample.refined, sample.refined_score = image, score
+    result.metrics.update(metrics)
 
 
 def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k, max_tokens,
@@ -224,8 +248,14 @@ def answer_requests(
     top_k: int | None = 8,
     max_caption_tokens: int = 48,
     max_audio_frames: int = 160,
+    refinement: ImageRefinement | None = None,
 ) -> list[dict[str, object]]:
-    """Rows for `GenerationWriter`: {"task", "name", "text" or "media", "scores" when the scene is known}."""
+    """Rows for `GenerationWriter`: {"task", "name", "text" or "media", "scores" when the scene is known}.
+
+    refinement: generated images and video frames are refined (`decode_visual`) before they are written and
+    scored."""
+    if refinement is not None and model.nfsp is not None:  # refused before any generation
+        refinement.check_fits(model.nfsp.tokenizer.image_size)
     model.eval()
     if isinstance(requests, MediaRequests):
         requests = requests.requests
@@ -246,8 +276,8 @@ def answer_requests(
                 media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
             else:
                 frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
-                media = list(model.nfsp.decode(generate_visual(model, prompts, frames, cfg_scale, temperature,
-                                                               top_k)).cpu())
+                codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k)
+                media = list(decode_visual(model, codes, refinement).cpu())
             for r, m in zip(chosen, media, strict=True):
                 row: dict[str, object] = {"task": task, "name": r.name, "prompt": data.decode(r.prompt)}
                 row["media"] = m
@@ -319,6 +349,13 @@ def _cell(m: dict[str, float], key: str) -> str:
     return f"{m[key]:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
 
 
+def _verdict(score: CaptionScore | None) -> str:
+    """A verifier score as the gallery's sample rows say it."""
+    if score is None or not score.parsed:
+        return "unreadable"
+    return f"{'exact' if score.exact else 'inexact'}, attributes {score.attribute_accuracy:.2f}"
+
+
 def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "ShapesWorld gallery") -> Path:
     """Save every sample's media, `overview.png` (every task at a glance, verdicts marked), a Markdown page
     (`gallery.md`) and `metrics.json`; returns the page. Metrics of further splits, keyed `<split>/<task>/..`
@@ -348,23 +385,33 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
                 f"| {p} | {_cell(m, f'{p}/exact')} | {_cell(m, f'{p}/attribute_accuracy')} | {words} | "
                 f"{m[f'{p}/baseline_exact']:.2f} | {m[f'{p}/baseline_attribute_accuracy']:.2f} |"
             )
+            if f"{p}/refined_exact" in m:  # the same codes through the diffusion refiner
+                lines.append(
+                    f"| {p} refined (PSNR {m[f'{p}/psnr']:.2f} -> {m[f'{p}/refined_psnr']:.2f} dB) | "
+                    f"{m[f'{p}/refined_exact']:.2f} | {m[f'{p}/refined_attribute_accuracy']:.2f} |  |  |  |"
+                )
     if evaluation.samples:
         overview_figure(evaluation.samples, m, directory / "overview.png", title=title)
     if curve_figure(directory.parent / CURVE_FILE, directory / "curve.png") is not None:
         lines[3:3] = ["![the verifiers while training](curve.png)", ""]
     for task in tasks:
-        lines += ["", f"## {task}", "", "| prompt | output | verifier |", "|---|---|---|"]
+        refined = f"{task}/refined_exact" in evaluation.metrics
+        header = "| prompt | decode | refined | verifier |" if refined else "| prompt | output | verifier |"
+        lines += ["", f"## {task}", "", header, "|---|---|---|---|" if refined else "|---|---|---|"]
         for i, sample in enumerate(s for s in evaluation.samples if s.task == task):
             name = _save_media(sample, directory / f"{task}_{i:03d}")
             link = f"![{task} {i}]({name})" if name.endswith((".png", ".gif")) else f"[{name}]({name})"
             if name.endswith(".wav"):  # the spectrogram to look at, linking to the WAV to listen to
                 picture = save_spectrogram_png(sample.media, directory / f"{task}_{i:03d}_spectrogram.png")
                 link = f"[![{task} {i}]({picture.name})]({name})"
-            score = sample.score
-            verdict = "unreadable" if score is None or not score.parsed else (
-                f"{'exact' if score.exact else 'inexact'}, attributes {score.attribute_accuracy:.2f}"
-            )
-            if task in GENERATION:
+            verdict = _verdict(sample.score)
+            if sample.refined is not None:  # shown at the decode's displayed size, so the two line up
+                upscale = max(1, round(4 * sample.media.shape[-1] / sample.refined.shape[-1]))
+                refined_name = save_media(sample.refined, directory / f"{task}_{i:03d}_refined", upscale).name
+                refined_link = f"![{task} {i} refined]({refined_name})"
+                verdicts = f"decode: {verdict}; refined: {_verdict(sample.refined_score)}"
+                lines.append(f"| {sample.prompt} | {link} | {refined_link} | {verdicts} |")
+            elif task in GENERATION:
                 lines.append(f"| {sample.prompt} | {link} | {verdict} |")
             else:
                 output = sample.output or "(empty)"

@@ -21,6 +21,7 @@ from zoo.config import save_config_hyperparameters
 from zoo.init_from import hand_over_tokenizer, load_starting_weights
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
+from zoo.models.refinement import ImageRefinement, RefinerSettings
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import Parallelism, gathered, is_sharded, parallelize
 from zoo.tasks.optim import (
@@ -45,6 +46,8 @@ class SamplingConfig:
     cfg_scale: classifier-free guidance weight of image and video generation (0: off).
     media_top_k: top-k of visual codes and audio levels (small codebooks want a tight filter).
     max_audio_frames: longest generated audio, in codec frames.
+    refiner: the diffusion refiner applied to generated images and video frames after the tokenizer's decode
+        (`zoo.models.refinement`; None: the decode as it is).
     """
 
     max_new_tokens: int = 48
@@ -54,6 +57,7 @@ class SamplingConfig:
     cfg_scale: float = 2.0
     media_top_k: int | None = 8
     max_audio_frames: int = 160
+    refiner: RefinerSettings | None = None
 
 
 def router_statistics(output: BackboneOutput, batch: GroupBatch, n_experts: int) -> dict[str, Tensor]:
@@ -237,6 +241,15 @@ class UnifiedPretraining(L.LightningModule):
             outputs = [out[: out.index(eos) + 1] if eos in out else out for out in outputs]
         return outputs
 
+    def refinement(self) -> ImageRefinement | None:
+        """The `sampling.refiner`, loaded on first use (a plain attribute: never in the state dict)."""
+        settings = self.sampling.refiner
+        if settings is None:
+            return None
+        if getattr(self, "_refinement", None) is None:  # an ImageRefinement is no nn.Module: not registered
+            self._refinement = settings.load(self.device)
+        return self._refinement
+
     def predict_step(self, batch: list, batch_idx: int) -> list[dict[str, object]]:
         """Generate a continuation of each prompt (unified ids); decoded when the datamodule can decode.
         Media requests (`zoo.datamodules.requests.MediaRequest`) get images, videos, audio or captions."""
@@ -248,7 +261,7 @@ class UnifiedPretraining(L.LightningModule):
             with gathered(self.model) as model:
                 return answer_requests(
                     model, datamodule, batch, s.cfg_scale, s.temperature, s.media_top_k,
-                    s.max_new_tokens, s.max_audio_frames,
+                    s.max_new_tokens, s.max_audio_frames, self.refinement(),
                 )
         limit, budget = self.model.backbone.max_seq_len, self.sampling.max_new_tokens
         fitting = [p for p in batch if len(p) + budget <= limit]
