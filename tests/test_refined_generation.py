@@ -137,7 +137,7 @@ def test_refined_evaluation_keeps_the_plain_figures_and_adds_refined_ones(setup,
     assert "(text_to_image_000.png)" in page and "(text_to_image_000_refined.png)" in page
     assert (tmp_path / "gallery" / "text_to_image_000_refined.png").is_file()
     assert page.count("| decode: ") == 4  # every sample's row gives both verdicts
-    assert "; refined: exact" in page  # and the summary table the refined figures
+    assert "| text_to_image refined (PSNR " in page  # and the summary table the refined figures
     metrics = json.loads((tmp_path / "gallery" / "metrics.json").read_text())
     assert "text_to_image/exact" in metrics and "text_to_image/refined_psnr" in metrics
 
