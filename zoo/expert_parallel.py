@@ -26,11 +26,13 @@ only the indices; the aux-free bias already all-reduces its loads over every ran
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
 
 from zoo.models.moe import Experts
 
@@ -142,6 +144,29 @@ def expert_meshes(dp_mesh: DeviceMesh, expert_parallel: int) -> tuple[DeviceMesh
     return grid[EP_DIM], grid[EXPERT_DP_DIM]
 
 
+def apply_expert_parallel(model: nn.Module, dp_mesh: DeviceMesh, expert_parallel: int) -> DeviceMesh:
+    """Split the experts of every MoE layer of `model` over groups of `expert_parallel` data-parallel ranks.
+    Returns the `expert_data_parallel` mesh, over which `fully_shard_local_experts` shards local experts."""
+    ep_mesh, expert_dp_mesh = expert_meshes(dp_mesh, expert_parallel)
+    if not shard_experts(model, ep_mesh):
+        raise ValueError(f"expert_parallel={expert_parallel}, but the model has no MoE layer to split")
+    return expert_dp_mesh
+
+
+def fully_shard_local_experts(
+    model: nn.Module, expert_dp_mesh: DeviceMesh, gradient_divide_factor: int
+) -> None:
+    """FSDP2 over what EP leaves: each layer's local experts sharded over `expert_dp_mesh` (the ranks holding
+    the same experts). An expert's gradient already sums every rank's tokens (the all-to-all backward), so the
+    reduction divides by the whole data-parallel size, as FSDP2 divides every other gradient."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for module in model.modules():
+        if isinstance(module, Experts) and module.exchanges_tokens and not isinstance(module, FSDPModule):
+            fully_shard(module, mesh=expert_dp_mesh)
+            module.set_gradient_divide_factor(float(gradient_divide_factor))
+
+
 def shard_experts(model: nn.Module, ep_mesh: DeviceMesh) -> list[Experts]:
     """Give every `Experts` module of `model` its slice and the exchange hooks (idempotent); returns them."""
     experts = [m for m in model.modules() if isinstance(m, Experts)]
@@ -149,6 +174,29 @@ def shard_experts(model: nn.Module, ep_mesh: DeviceMesh) -> list[Experts]:
         if not module.exchanges_tokens:
             ExpertParallel().apply(module, ep_mesh)
     return experts
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for gradients on several device meshes: under expert parallelism the
+    local experts' are DTensors on (expert_data_parallel, expert_parallel) and the rest on data_parallel, and
+    torch's version stacks the per-tensor norms of both (DTensor refuses mixed meshes; torchtitan clips EP
+    models in the same two steps). Each mesh's norm is reduced over its own mesh, the norms are combined, and
+    every gradient is scaled by the one coefficient. Returns the total norm (a plain tensor)."""
+    groups: dict[DeviceMesh | None, list[Tensor]] = {}  # the parameters whose gradients live on each mesh
+    for p in parameters:
+        if p.grad is not None:
+            groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    if not groups:
+        return torch.zeros(())
+    norms = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]), norm_type)
+    for params in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 def exchanged_bytes(model: nn.Module, reset: bool = False) -> int:
@@ -167,9 +215,12 @@ __all__ = [
     "EP_DIM",
     "EXPERT_DP_DIM",
     "ExpertParallel",
+    "apply_expert_parallel",
+    "clip_grad_norm_",
     "exchanged_bytes",
     "expert_major_order",
     "expert_meshes",
+    "fully_shard_local_experts",
     "inverse_permutation",
     "shard_experts",
 ]
