@@ -4,9 +4,12 @@ of the single-process layer run on all tokens at once: the input gradient of eac
 gradient summed over ranks, each expert's weight gradients on the rank holding it (the matching slice of the
 full gradient). Uneven token counts per rank and per expert, top-k 2 and 3, elastic width and top-k, router
 replay, shared experts and the aux-free bias update (global loads) are covered; the reorder of received rows
-is checked on its own.
+is checked on its own. Over four ranks (EP=2 inside FSDP2 over 4, so each expert slice is FSDP-sharded over
+2 ranks again) a model built on the meta device materialises the single-process weights and one step's
+clipped gradients equal the single process's.
 
-The two-process run executes this file as a script (`python tests/test_expert_parallel.py RANK OUT_DIR PORT`).
+The distributed runs execute this file as a script (`python tests/test_expert_parallel.py MODE RANK WORLD
+OUT_DIR PORT`), one process per rank, as torchrun would start them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from zoo.expert_parallel import expert_major_order, inverse_permutation
 from zoo.models.moe import MoEFeedForward, expert_mask_of
+from zoo.registry import create_model
 
 REPO = Path(__file__).resolve().parent.parent
 DIM, HIDDEN, N_EXPERTS = 16, 8, 4
@@ -78,33 +82,78 @@ def run_case(
     return out.detach(), x.grad
 
 
-def rank_main(rank: int, out_dir: str, port: int) -> None:
-    """One rank: every case under EP=2 on this rank's tokens; tensors to OUT_DIR/rank{r}.safetensors."""
+def layer_rank(rank: int, out_dir: str) -> None:
+    """One of two ranks: every case under EP=2 on this rank's tokens, the tensors to OUT_DIR/rank{r}..."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from zoo.expert_parallel import exchanged_bytes, shard_experts
 
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("expert_parallel",))
+    x, probe, forced = make_inputs()
+    part = rank_slice(rank)
+    saved = {}
+    for name, (layer_args, call_args) in CASES.items():
+        layer = make_layer(layer_args)
+        shard_experts(layer, mesh)
+        out, x_grad = run_case(layer, call_args, x[part], probe[part], forced[part])
+        gate_grad = layer.router.gate.weight.grad.clone()
+        dist.all_reduce(gate_grad)  # the router is replicated: its gradient is the sum over ranks
+        saved |= {f"{name}.out": out, f"{name}.x_grad": x_grad, f"{name}.gate_grad": gate_grad}
+        saved[f"{name}.expert_bias"] = layer.router.expert_bias.clone()
+        for w in ("w1", "w3", "w2"):
+            saved[f"{name}.{w}_grad"] = getattr(layer.experts, w).grad.to_local().clone()
+        saved[f"{name}.sent_bytes"] = torch.tensor(exchanged_bytes(layer))
+    save_file(saved, str(Path(out_dir) / f"rank{rank}.safetensors"))
+
+
+# A tiny unified model for the four-rank run: 4 experts, EP=2, FSDP2 over 4 ranks.
+MODEL = dict(
+    dim=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, expert_hidden=16, top_k=2, max_seq_len=32
+)
+CLIP = 0.01  # far below the gradient norm: the clip scales every gradient, so a wrong total norm shows
+
+
+def model_batch(model):  # noqa: ANN001, ANN201
+    from zoo.datamodules.sequence import SequenceBuilder, TextSegment
+
+    g = torch.Generator().manual_seed(2)
+    docs = [[TextSegment((torch.randint(0, 16, (n,), generator=g) + model.vocab.text_offset).tolist())]
+            for n in (9, 14, 5, 11)]
+    return SequenceBuilder(model.vocab, 32).collate(docs)
+
+
+def model_rank(rank: int, out_dir: str) -> None:
+    """One of four ranks: deferred build, FSDP2 + EP=2, the full weights and one step's clipped gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from zoo.expert_parallel import clip_grad_norm_
+    from zoo.meta_init import deferred_init
+    from zoo.parallel import Parallelism, parallelize
+
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("data_parallel",))
+    torch.manual_seed(0)
+    with deferred_init():
+        model = create_model("tiny", **MODEL)
+    parallelize(model, Parallelism(fsdp=True, expert_parallel=2), mesh)
+    weights = {f"weight.{n}": p.full_tensor() for n, p in model.named_parameters()}
+    model(model_batch(model)).loss.backward()
+    norm = clip_grad_norm_(list(model.parameters()), CLIP)
+    grads = {f"grad.{n}": p.grad.full_tensor() for n, p in model.named_parameters()}
+    local = model.backbone.layers[1].ffn.experts.w1.to_local().shape[0]
+    if rank == 0:
+        tensors = {**weights, **grads, "norm": norm, "local_rows": torch.tensor(local)}
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(Path(out_dir) / "model.safetensors"))
+
+
+def rank_main(mode: str, rank: int, world: int, out_dir: str, port: int) -> None:
+    import torch.distributed as dist
+
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("expert_parallel",))
-        x, probe, forced = make_inputs()
-        part = rank_slice(rank)
-        saved = {}
-        for name, (layer_args, call_args) in CASES.items():
-            layer = make_layer(layer_args)
-            shard_experts(layer, mesh)
-            out, x_grad = run_case(layer, call_args, x[part], probe[part], forced[part])
-            gate_grad = layer.router.gate.weight.grad.clone()
-            dist.all_reduce(gate_grad)  # the router is replicated: its gradient is the sum over ranks
-            saved |= {f"{name}.out": out, f"{name}.x_grad": x_grad, f"{name}.gate_grad": gate_grad}
-            saved[f"{name}.expert_bias"] = layer.router.expert_bias.clone()
-            for w in ("w1", "w3", "w2"):
-                saved[f"{name}.{w}_grad"] = getattr(layer.experts, w).grad.to_local().clone()
-            saved[f"{name}.sent_bytes"] = torch.tensor(exchanged_bytes(layer))
-        save_file(saved, str(Path(out_dir) / f"rank{rank}.safetensors"))
+        (layer_rank if mode == "layer" else model_rank)(rank, out_dir)
     finally:
         dist.destroy_process_group()
 
@@ -115,23 +164,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
-    out_dir = tmp_path_factory.mktemp("ep")
+def launch(mode: str, world: int, out_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(out_dir), str(port)],
+            [sys.executable, __file__, mode, str(rank), str(world), str(out_dir), str(port)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for rank in range(2)
+        for rank in range(world)
     ]
-    outputs = [proc.communicate(timeout=180)[0] for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(out[-3000:] for out in outputs)
+    try:
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    finally:
+        for proc in procs:  # a rank that failed leaves the others waiting in a collective
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0] * world, "\n".join(out[-3000:] for out in outputs)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
+    out_dir = tmp_path_factory.mktemp("ep")
+    launch("layer", 2, out_dir)
     return [load_file(str(out_dir / f"rank{rank}.safetensors")) for rank in range(2)]
 
 
@@ -167,5 +224,22 @@ def test_received_rows_are_reordered_expert_major_and_back():
     assert received[order][inverse_permutation(order)].tolist() == received.tolist()
 
 
+@pytest.mark.slow  # four processes on two cores: 40 s on a quiet machine, minutes on a loaded one
+def test_fsdp2_plus_ep_over_four_ranks_gives_the_single_process_weights_and_clipped_gradients(tmp_path):
+    launch("model", 4, tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert int(saved["local_rows"]) == 1, "4 experts, EP=2, then FSDP over 2: one expert row per rank"
+    torch.manual_seed(0)
+    model = create_model("tiny", **MODEL)
+    for name, p in model.named_parameters():
+        assert torch.equal(saved[f"weight.{name}"], p.detach()), name
+    model(model_batch(model)).loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    torch.testing.assert_close(saved["norm"], norm)
+    assert norm > 10 * CLIP, "the clip must bite, or a wrong total norm would not show"
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(saved[f"grad.{name}"], p.grad, msg=name)
+
+
 if __name__ == "__main__":
-    rank_main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    rank_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))

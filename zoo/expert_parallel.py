@@ -159,12 +159,18 @@ def fully_shard_local_experts(
     """FSDP2 over what EP leaves: each layer's local experts sharded over `expert_dp_mesh` (the ranks holding
     the same experts). An expert's gradient already sums every rank's tokens (the all-to-all backward), so the
     reduction divides by the whole data-parallel size, as FSDP2 divides every other gradient."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    # A divide factor other than the mesh size makes FSDP2 reduce-scatter with NCCL's PREMUL_SUM, which gloo
+    # lacks: there, sum and scale apart (the same gradient, one more kernel).
+    on_gloo = dist.get_backend(expert_dp_mesh.get_group()) == "gloo"
     for module in model.modules():
         if isinstance(module, Experts) and module.exchanges_tokens and not isinstance(module, FSDPModule):
             fully_shard(module, mesh=expert_dp_mesh)
             module.set_gradient_divide_factor(float(gradient_divide_factor))
+            if on_gloo:
+                module.set_force_sum_reduction_for_comms(True)
 
 
 def shard_experts(model: nn.Module, ep_mesh: DeviceMesh) -> list[Experts]:
