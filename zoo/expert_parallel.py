@@ -54,6 +54,7 @@ def expert_major_order(counts: Tensor) -> Tensor:
 
 
 def inverse_permutation(order: Tensor) -> Tensor:
+    """The indices that undo `order` (x[order][inverse] == x): a gather, whose backward is a scatter-add."""
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
