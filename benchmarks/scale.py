@@ -1,23 +1,29 @@
 """Benchmark of scaling out (zoo/parallel.py; ERNIE 5.0, "training infrastructure": FSDP sharding and FP8).
 
 For the `tiny` and `small` presets, a few optimiser steps of UnifiedPretraining on fixed random text
-batches in three variants, each in fresh processes so that peak memory is theirs alone:
+batches in four variants, each in fresh processes so that peak memory is theirs alone:
 
     single     one process, one thread
     fsdp       FSDP2 on two processes (gloo, one thread each): FSDP2Strategy + Parallelism(fsdp=True), the
                model built under `zoo.meta_init.deferred_init` (as `zoo fit` builds it with parallel.fsdp)
                and materialised shard by shard after `fully_shard`
     fsdp_fp8   the same with torchao float8 linears and float8 all-gathers
+    fsdp_ep    FSDP2 + expert parallelism on two processes: Parallelism(fsdp=True, expert_parallel=2), each
+               rank holding half of every MoE layer's routed experts, tokens sent to them by all-to-all
 
 Reported per variant: training tokens/s (valid target tokens of every rank per second of optimiser
 steps, after one untimed warm-up step), peak RSS per process (`ru_maxrss`; the largest over ranks) and
 the parameter bytes each rank holds (local shards for DTensors); `rss_fsdp_over_single_<preset>` is the
-fsdp rank's peak RSS over the single process's (issue 17's target for small: <= 0.65). Every rank gets
-the same batches (as in tests/test_parallel.py); tokens are counted per rank, so two ranks process twice
-the tokens of one. Also the on-disk size of `save_pretrained` for the full tiny model and for its extracted
-depth 0.5 / width 0.5 sub-model. Progress goes to stderr; the last stdout line is one JSON object.
+fsdp rank's peak RSS over the single process's (issue 17's target for small: <= 0.65), and
+`rss_fsdp_ep_over_single_<preset>` the same for fsdp_ep. For fsdp_ep also the all-to-all bytes one rank
+sends to the other per optimiser step (dispatch and combine of every MoE layer, forward and backward; the
+backward's reverse exchanges send as much as the forward's) and the routed experts' parameter bytes per
+rank. Every rank gets the same batches (as in tests/test_parallel.py); tokens are counted per rank, so two
+ranks process twice the tokens of one. Also the on-disk size of `save_pretrained` for the full tiny model
+and for its extracted depth 0.5 / width 0.5 sub-model. Progress goes to stderr; the last stdout line is
+one JSON object.
 
-    .venv/bin/python benchmarks/scale.py [--steps 6 --presets tiny small]
+    .venv/bin/python benchmarks/scale.py [--steps 6 --presets tiny small --variants single fsdp fsdp_ep]
 
 CPU float8 is emulated (casts and scaled matmuls in fp32 kernels), so fsdp_fp8 is expected to be slower
 here; these CPU/gloo figures say nothing about GPU speed.
@@ -43,9 +49,11 @@ from _common import emit, log, machine_info  # noqa: E402
 
 from zoo.batch import IGNORE_INDEX  # noqa: E402
 from zoo.datamodules.sequence import SequenceBuilder, TextSegment  # noqa: E402
+from zoo.expert_parallel import exchanged_bytes  # noqa: E402
 from zoo.hub import save_pretrained  # noqa: E402
 from zoo.meta_init import deferred_init  # noqa: E402
 from zoo.models.elastic import ElasticConfig  # noqa: E402
+from zoo.models.moe import Experts  # noqa: E402
 from zoo.parallel import FSDP2Strategy, Parallelism  # noqa: E402
 from zoo.registry import create_model  # noqa: E402
 from zoo.tasks.callbacks import ExpertBiasUpdate  # noqa: E402
@@ -56,6 +64,7 @@ VARIANTS = {
     "single": (1, Parallelism()),
     "fsdp": (2, Parallelism(fsdp=True)),
     "fsdp_fp8": (2, Parallelism(fsdp=True, fp8=True, fp8_all_gather=True)),
+    "fsdp_ep": (2, Parallelism(fsdp=True, expert_parallel=2)),
 }
 
 
@@ -91,20 +100,27 @@ class StepTimer(L.Callback):
         self.end = 0.0
         self.tokens = 0
         self.steps = 0
+        self.exchanged = 0  # forward all-to-all bytes this rank sent in the timed steps (expert parallelism)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
         now = time.perf_counter()
+        sent = exchanged_bytes(pl_module.model, reset=True)
         if self.start is None:
             self.start = now
             return
         self.end = now
         self.steps += 1
         self.tokens += int((batch.targets["text"] != IGNORE_INDEX).sum())
+        self.exchanged += sent
 
 
-def param_bytes(model: torch.nn.Module) -> int:
+def param_bytes(model: torch.nn.Module, experts_only: bool = False) -> int:
+    """Bytes of the parameters this rank holds (local shards of DTensors); of the routed experts if asked."""
+    params = model.parameters()
+    if experts_only:
+        params = (p for m in model.modules() if isinstance(m, Experts) for p in m.parameters())
     total = 0
-    for p in model.parameters():
+    for p in params:
         local = p.to_local() if hasattr(p, "to_local") else p
         total += local.numel() * local.element_size()
     return total
@@ -145,6 +161,9 @@ def worker(args: argparse.Namespace) -> None:
         "tokens": timer.tokens,
         "timed_steps": timer.steps,
         "param_bytes": param_bytes(task.model),
+        "expert_param_bytes": param_bytes(task.model, experts_only=True),
+        # Forward and backward: each reverse exchange of the backward moves the forward's bytes back.
+        "all_to_all_bytes_per_step": 2 * timer.exchanged // max(timer.steps, 1),
         "params": sum(p.numel() for p in task.model.parameters()),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_model_mb": rss_before,
@@ -175,6 +194,9 @@ def run_variant(preset: str, variant: str, steps: int, batch: int, seq: int, tmp
         bytes_key: max(r["param_bytes"] for r in ranks),
         "loss_last": round(ranks[0]["loss_last"], 4),
     }
+    if VARIANTS[variant][1].expert_parallel > 1:
+        result["expert_param_bytes_per_rank"] = max(r["expert_param_bytes"] for r in ranks)
+        result["all_to_all_bytes_per_step_per_rank"] = max(r["all_to_all_bytes_per_step"] for r in ranks)
     log(f"  {preset}/{variant}: {result} (process wall {time.perf_counter() - start:.1f}s)")
     return result
 
@@ -201,6 +223,7 @@ def main() -> None:
     )
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
     parser.add_argument("--steps", type=int, default=6, help="optimiser steps per run (the first untimed)")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--tiny-batch", type=int, default=8, help="tiny: documents per batch / 2")
     parser.add_argument("--tiny-seq", type=int, default=256)
     parser.add_argument("--small-batch", type=int, default=4, help="small: documents per batch / 2")
@@ -226,17 +249,24 @@ def main() -> None:
             batch, seq = getattr(args, f"{preset}_batch"), getattr(args, f"{preset}_seq")
             result[f"{preset}_batch_docs"], result[f"{preset}_seq_len"] = batch * 2, seq
             log(f"{preset}: {args.steps} steps, {batch * 2} documents packed into rows of {seq}")
-            for variant in VARIANTS:
+            for variant in args.variants:
                 for key, value in run_variant(preset, variant, args.steps, batch, seq, tmp).items():
                     result[f"{preset}_{variant}_{key}"] = value
-            single_rss = result[f"{preset}_single_peak_rss_mb"]
-            fsdp_rss = result[f"{preset}_fsdp_peak_rss_mb"]
-            result[f"rss_fsdp_over_single_{preset}"] = round(fsdp_rss / single_rss, 3)
+            for variant in ("fsdp", "fsdp_ep"):
+                if "single" in args.variants and variant in args.variants:
+                    ratio = result[f"{preset}_{variant}_peak_rss_mb"] / result[f"{preset}_single_peak_rss_mb"]
+                    result[f"rss_{variant}_over_single_{preset}"] = round(ratio, 3)
         log("checkpoint sizes")
         result.update(checkpoint_sizes(tmp))
     result["note_fp8"] = (
         "FP8 on CPU is emulated (float8 casts plus scaled fp32 matmuls), so fsdp_fp8 is expected to be "
         "slower than fsdp here; its point is GPU tensor cores and half-size all-gathers."
+    )
+    result["note_ep"] = (
+        "fsdp_ep: EP=2 over the 2 ranks, so each rank holds half of every layer's experts whole (FSDP2 "
+        "shards them over the remaining expert_data_parallel=1) and the rest sharded over both; all-to-all "
+        "bytes are those one rank sends to the other per step. On gloo/CPU the exchange is a copy through "
+        "loopback TCP: tokens/s here says nothing about NVLink or InfiniBand."
     )
     result["note_tokens"] = (
         "tokens/s counts valid target tokens of every rank (all ranks see the same batches), over the "

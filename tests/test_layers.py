@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("media", "world"),
     ("tokenizers",),
     ("models",),
-    ("parallel", "meta_init", "registry", "hub", "init_from", "float8_experts"),
+    ("parallel", "expert_parallel", "meta_init", "registry", "hub", "init_from", "float8_experts"),
     ("datamodules",),
     ("analysis", "pretokenize", "inference", "evaluation"),
     ("tasks",),

@@ -9,7 +9,10 @@ compilation: one small graph reused by every layer, instead of one graph of the 
 `fully_shard` comes last, per block then at the root, so each block's parameters are gathered just before it
 runs and freed after. A model built under `zoo.meta_init.deferred_init` (parameters on `meta`) is
 materialised after sharding, each rank writing only its shards, with the weights a single process builds.
-Tensor parallelism is not done (the strategy below keeps the tensor-parallel dimension at 1).
+Tensor parallelism is not done (the strategy below keeps the tensor-parallel dimension at 1). Expert
+parallelism (`expert_parallel > 1`, `zoo.expert_parallel`) splits the routed experts over groups of
+data-parallel ranks before checkpointing, as torchtitan applies TP/EP before it; FSDP2 then shards the local
+experts over the ranks EP does not use and everything else over all of them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from zoo.expert_parallel import apply_expert_parallel, fully_shard_local_experts
 from zoo.meta_init import deferred_plan, is_deferred, materialize
 from zoo.models.moe import Router
 from zoo.models.unified import UnifiedModel
@@ -53,6 +57,9 @@ class Parallelism:
         attention: "sdpa" (`scaled_dot_product_attention` with the dense group mask; the default, and the
             one for KV-cache decoding) or "flex" (FlexAttention with a `BlockMask` of the group rule: no
             `[L, L]` mask, and blocks no position may see are skipped; compiled kernels on GPU).
+        expert_parallel: ranks each MoE layer's routed experts are split over (1: every rank holds its FSDP
+            shard of every expert); tokens go to their experts' rank by all-to-all (`zoo.expert_parallel`).
+            Must divide the data-parallel size and n_experts; needs fsdp.
     """
 
     fsdp: bool = False
@@ -63,8 +70,21 @@ class Parallelism:
     compile_backend: str = "inductor"
     attention: Literal["sdpa", "flex"] = "sdpa"
     fp8_experts: bool = False
+    expert_parallel: int = 1
 
     def __post_init__(self) -> None:
+        if self.expert_parallel < 1:
+            raise ValueError(f"expert_parallel={self.expert_parallel}: expected at least 1 (1: none)")
+        if self.expert_parallel > 1 and not self.fsdp:
+            raise ValueError(
+                f"expert_parallel={self.expert_parallel} needs fsdp=True: FSDP2 shards and reduces what the "
+                "experts' split leaves (the non-expert parameters and the local experts' gradients)"
+            )
+        if self.fp8_experts and self.expert_parallel > 1:
+            raise ValueError(
+                "fp8_experts with expert_parallel > 1 is not supported yet: the FP8 grouped GEMM wrapper and "
+                "the experts' split over ranks were built and tested apart (docs/scale.md)"
+            )
         if self.fp8_all_gather and not (self.fsdp and self.fp8):
             raise ValueError("fp8_all_gather=True needs fsdp=True and fp8=True: it is FSDP2's float8 gather")
         if self.attention not in ("sdpa", "flex"):
@@ -158,9 +178,10 @@ def compile_blocks(model: UnifiedModel, backend: str = "inductor") -> None:
 
 
 def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | None = None) -> UnifiedModel:
-    """Apply `config` to `model` in place, in order: FP8, activation checkpointing, compile, FSDP2, then
-    materialise a model built under `zoo.meta_init.deferred_init`. The attention backend is set on the
-    backbone. Idempotent: a step already applied (Lightning may call `configure_model` twice) is skipped.
+    """Apply `config` to `model` in place, in order: FP8, expert parallelism, activation checkpointing,
+    compile, FSDP2, then materialise a model built under `zoo.meta_init.deferred_init`. The attention backend
+    is set on the backbone. Idempotent: a step already applied (Lightning may call `configure_model` twice) is
+    skipped.
 
     mesh: the device mesh of `ModelParallelStrategy` (`LightningModule.device_mesh`); FSDP shards over
     its "data_parallel" dimension.
@@ -179,6 +200,10 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
         from zoo.float8_experts import convert_experts_to_float8
 
         convert_experts_to_float8(model, mesh.device_type if mesh is not None else None)
+
+    expert_dp_mesh = None
+    if config.expert_parallel > 1 and not isinstance(model, FSDPModule):
+        expert_dp_mesh = apply_expert_parallel(model, _data_parallel_mesh(mesh), config.expert_parallel)
 
     if config.activation_checkpointing:
         for parent, name, block in transformer_blocks(model):
@@ -209,14 +234,25 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
                 f"tensor_parallel_size={mesh['tensor_parallel'].size()}: the zoo does not do tensor "
                 "parallelism yet; set tensor_parallel_size=1 (zoo.parallel.FSDP2Strategy does)"
             )
-        dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+        dp_mesh = _data_parallel_mesh(mesh)
         if not isinstance(model, FSDPModule):
+            if expert_dp_mesh is not None:  # first, so each block's fully_shard leaves the experts to theirs
+                fully_shard_local_experts(model, expert_dp_mesh, gradient_divide_factor=dp_mesh.size())
             for _, _, block in transformer_blocks(model):
                 fully_shard(block, mesh=dp_mesh)
             fully_shard(model, mesh=dp_mesh)
     if plan is not None:
         materialize(model, plan, materialization_device(mesh))
     return model
+
+
+def _data_parallel_mesh(mesh: DeviceMesh | None) -> DeviceMesh:
+    if mesh is None:
+        raise ValueError(
+            "Parallelism(fsdp=True) needs a device mesh: train with "
+            "lightning.pytorch.strategies.ModelParallelStrategy or zoo.parallel.FSDP2Strategy"
+        )
+    return mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
 
 
 def is_sharded(model: nn.Module) -> bool:

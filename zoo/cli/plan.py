@@ -5,9 +5,13 @@ ranks (torch's `FakeStore` and "fake" backend: every collective is a no-op) give
 `zoo.parallel.parallelize` shards it exactly as `zoo fit` would: the DTensor shards are the real per-rank
 shapes. Printed: the mesh, the parameter, gradient and AdamW-state bytes per rank, and the largest unit
 FSDP2 all-gathers (a block, or the root's embeddings and heads), which a rank holds whole while it runs.
-Takes seconds for `base` on a laptop; nothing is allocated.
+With expert parallelism (`--expert_parallel N`, or the config's `parallel.expert_parallel`) the mesh gains its
+expert dimensions and the plan shows the routed experts' bytes per rank (each rank holds E/N experts of a
+layer, sharded again over the ranks that hold the same experts). Takes seconds for `base` on a laptop;
+nothing is allocated.
 
     zoo plan --preset base --world_size 64
+    zoo plan --preset base --world_size 64 --expert_parallel 8
     zoo plan --config configs/quickstart.yaml --config configs/presets/base.yaml --world_size 64
 """
 
@@ -20,6 +24,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
+from zoo.expert_parallel import EP_DIM, EXPERT_DP_DIM
+from zoo.models.moe import Experts
 from zoo.models.unified import UnifiedModel
 from zoo.parallel import Parallelism, parallelize, transformer_blocks
 
@@ -40,6 +46,9 @@ class RankPlan:
     state_bytes_per_rank: int  # parameters + gradients + AdamW states
     largest_gathered_unit: str
     largest_gathered_unit_bytes: int
+    expert_parallel: int = 1
+    expert_bytes_total: int = 0  # the routed experts' parameter bytes, all ranks together
+    expert_bytes_per_rank: int = 0  # the routed experts' parameter bytes one rank holds
 
 
 def _local(param: nn.Parameter) -> torch.Tensor:
@@ -65,18 +74,32 @@ def plan_model(model: UnifiedModel, parallel: Parallelism, world_size: int) -> R
     owned = {id(p) for params in units.values() for p in params}
     units["root (embeddings, heads, norms)"] = [p for p in model.parameters() if id(p) not in owned]
     gathered = {name: _bytes(params, local=False) for name, params in units.items()}
+    experts = {name: m for name, m in model.named_modules() if isinstance(m, Experts)}
+    expert_bytes = sum(_bytes(list(m.parameters()), local=False) for m in experts.values())
+    ep = parallel.expert_parallel
+    if ep > 1:  # the local experts are a unit of their own, gathered over the ranks holding the same experts
+        for name, module in experts.items():
+            block = next(unit for unit in units if name.startswith(unit + "."))
+            own = _bytes(list(module.parameters()), local=False)
+            gathered[block] -= own
+            gathered[name] = own // ep
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("data_parallel",))
         parallelize(model, replace(parallel, fsdp=True, compile=False), mesh)
+        dims = dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True))
+        if ep > 1:
+            dims |= {EXPERT_DP_DIM: world_size // ep, EP_DIM: ep}
         params = list(model.parameters())
+        # Sharding replaced the Parameter objects: read the experts' again.
+        expert_params = [p for m in model.modules() if isinstance(m, Experts) for p in m.parameters()]
         trainable = [p for p in params if p.requires_grad]
         param_bytes, grad_bytes = _bytes(params, local=True), _bytes(trainable, local=True)
         optimizer_bytes = ADAMW_STATES * grad_bytes
         largest = max(gathered, key=gathered.get)
         return RankPlan(
             world_size=world_size,
-            mesh=dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)),
+            mesh=dims,
             params_total=sum(p.numel() for p in params),
             params_per_rank=sum(_local(p).numel() for p in params),
             param_bytes_per_rank=param_bytes,
@@ -85,6 +108,9 @@ def plan_model(model: UnifiedModel, parallel: Parallelism, world_size: int) -> R
             state_bytes_per_rank=param_bytes + grad_bytes + optimizer_bytes,
             largest_gathered_unit=largest,
             largest_gathered_unit_bytes=gathered[largest],
+            expert_parallel=ep,
+            expert_bytes_total=expert_bytes,
+            expert_bytes_per_rank=_bytes(expert_params, local=True),
         )
     finally:
         dist.destroy_process_group()
@@ -127,6 +153,12 @@ def format_plan(plan: RankPlan) -> str:
         f"largest unit gathered whole while it runs: {plan.largest_gathered_unit} "
         f"({plan.largest_gathered_unit_bytes / gib:.3f} GiB); activations come on top",
     ]
+    if plan.expert_bytes_total:
+        split = f"split over expert_parallel={plan.expert_parallel}" if plan.expert_parallel > 1 else "no EP"
+        lines.append(
+            f"routed experts ({split}): {plan.expert_bytes_per_rank / gib:.3f} GiB of parameters per rank, "
+            f"{plan.expert_bytes_total / gib:.3f} GiB in all"
+        )
     return "\n".join(lines)
 
 
@@ -140,6 +172,9 @@ def plan_main(argv: list[str]) -> None:
     source.add_argument("--config", action="append", help="LightningCLI config files, in order (repeatable)")
     parser.add_argument("--world_size", type=int, required=True, help="ranks of the data-parallel mesh")
     parser.add_argument("--fp8", action="store_true", help="with --preset: FP8 linears (as fsdp_fp8.yaml)")
+    parser.add_argument(
+        "--expert_parallel", type=int, help="ranks the routed experts are split over (default: the config's)"
+    )
     args = parser.parse_args(argv)
     if args.world_size < 1:
         parser.error(f"--world_size must be at least 1, got {args.world_size}")
@@ -149,6 +184,8 @@ def plan_main(argv: list[str]) -> None:
         model, parallel = create_model(args.preset, device="meta"), Parallelism(fsdp=True, fp8=args.fp8)
     else:
         model, parallel = _model_from_configs(args.config)
+    if args.expert_parallel is not None:
+        parallel = replace(parallel, fsdp=True, expert_parallel=args.expert_parallel)
     plan = plan_model(model, parallel, args.world_size)
     print(format_plan(plan))
     print(json.dumps(asdict(plan)))

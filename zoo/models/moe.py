@@ -14,6 +14,10 @@ experts from the softmax, as the `[E]` mask of elastic width does. Without pools
 
 Dispatch is dropless: token-assignments are sorted by expert, gathered once, multiplied by every expert's
 weights in one grouped matrix product per projection, and gathered back through the inverse permutation.
+Under expert parallelism (`zoo.expert_parallel`) the `Experts` module's weights are this rank's slice and
+hooks around its forward send the sorted rows to the ranks holding their experts and bring the outputs back;
+the layer only has to take the sorted path on every rank (`Experts.exchanges_tokens`), so that every rank
+joins every exchange.
 """
 
 from __future__ import annotations
@@ -484,6 +488,15 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         for w in (self.w1, self.w3, self.w2):
             nn.init.normal_(w, std=_INIT_STD)
+        # Set by zoo.expert_parallel: the experts live on several ranks and their forward exchanges rows
+        # with the others, so the MoE layer must call it on every rank, never its few-row shortcut.
+        self.exchanges_tokens = False
+
+    def local_weights(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """w1, w3, w2 of the experts this rank computes, in `dtype`: all of them, or under expert parallelism
+        this rank's slice (the local part of a DTensor sharded over the expert-parallel mesh dimension)."""
+        local = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w3, self.w2))
+        return tuple(w.to(dtype) for w in local)  # type: ignore[return-value]
 
     def forward(self, x_sorted: Tensor, counts: Tensor, weights: Tensor | None = None) -> Tensor:
         """x_sorted [M, D] grouped by expert, counts [E] long rows per expert -> [M, D].
@@ -491,11 +504,12 @@ class Experts(nn.Module):
         `weights` [M] (optional) scales each row before w2, which equals scaling the output
         because w2 is linear, and touches H instead of D values per row.
         """
-        if counts.shape != (self.n_experts,):
-            raise ValueError(f"counts has shape {tuple(counts.shape)}: expected [{self.n_experts}]")
         # Under autocast x arrives in low precision while the weights stay fp32, as nn.Linear's would.
-        w1, w3, w2 = (w.to(x_sorted.dtype) for w in (self.w1, self.w3, self.w2))
-        if x_sorted.shape[0] < self.n_experts:
+        w1, w3, w2 = self.local_weights(x_sorted.dtype)
+        n_local = w1.shape[0]
+        if counts.shape != (n_local,):
+            raise ValueError(f"counts has shape {tuple(counts.shape)}: expected [{n_local}] (local experts)")
+        if x_sorted.shape[0] < n_local:
             return self._few_rows(x_sorted, counts, weights, w1, w3, w2)
         offsets = counts.cumsum(0, dtype=torch.int32)
         gate = grouped_matmul(x_sorted, w1, counts, offsets)
@@ -509,15 +523,15 @@ class Experts(nn.Module):
     ):
         """Fewer rows than experts (decoding): gather each row's expert weights, so the cost follows the
         rows and the top-k, not E (the grouped kernel on CPU visits every expert, empty or not)."""
-        expert = torch.repeat_interleave(
-            torch.arange(self.n_experts, device=x.device), counts, output_size=len(x)
-        )
+        expert = torch.arange(len(counts), device=x.device).repeat_interleave(counts, output_size=len(x))
         return self._gathered(x, expert, weights, w1, w3, w2)
 
     def assigned(self, x: Tensor, expert: Tensor, weights: Tensor | None = None) -> Tensor:
         """Rows x [M, D] in any order, each through its own `expert` [M] (few rows: the MoE layer's
         unsorted decoding path), `weights` [M] scaling each row as in `forward`."""
-        w1, w3, w2 = (w.to(x.dtype) for w in (self.w1, self.w3, self.w2))
+        if self.exchanges_tokens:
+            raise RuntimeError("Experts.assigned indexes all experts' weights: not under expert parallelism")
+        w1, w3, w2 = self.local_weights(x.dtype)
         return self._gathered(x, expert, weights, w1, w3, w2)
 
     @staticmethod
@@ -611,7 +625,9 @@ class MoEFeedForward(nn.Module):
         flat_x = x.reshape(-1, self.dim)
         routing = self.router(flat_x, top_k=top_k, expert_mask=expert_mask, forced_indices=forced_indices)
         n_tokens, k = routing.indices.shape
-        if gathered or n_tokens * k < self.experts.n_experts:
+        # Under expert parallelism every rank must join the exchange in the sorted path, whatever its rows.
+        few = gathered or n_tokens * k < self.experts.n_experts
+        if few and not self.experts.exchanges_tokens:
             out = self._few_assignments(flat_x, routing)
             if self.shared is not None:
                 out = out + self.shared(flat_x)
@@ -649,6 +665,11 @@ class MoEFeedForward(nn.Module):
         Its output equals self(x, top_k=top_k, expert_mask=expert_mask_of(keep_experts, E)).
         """
         router, experts = self.router, self.experts
+        if experts.exchanges_tokens:
+            raise ValueError(
+                "extract() copies every expert's weights, but under expert parallelism a rank holds a slice: "
+                "consolidate the checkpoint (zoo export) and extract from the full model"
+            )
         _check_keep(keep_experts, router.n_experts)
         k = router.top_k if top_k is None else top_k
         if not 1 <= k <= len(keep_experts):

@@ -18,6 +18,7 @@ from torch import Tensor
 from zoo.analysis.routing import load_entropy
 from zoo.batch import GroupBatch, Modality
 from zoo.config import save_config_hyperparameters
+from zoo.expert_parallel import clip_grad_norm_
 from zoo.init_from import hand_over_tokenizer, load_starting_weights
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
@@ -139,6 +140,20 @@ class UnifiedPretraining(L.LightningModule):
     def configure_model(self) -> None:
         # Lightning may call this more than once (fit then test); parallelize skips what is already done.
         parallelize(self.model, self.parallel, self.device_mesh)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        # Expert parallelism leaves gradients on two device meshes, which torch's clip_grad_norm_ cannot mix.
+        by_norm = gradient_clip_algorithm in (None, "norm")
+        if self.parallel.expert_parallel > 1 and gradient_clip_val and by_norm:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            clip_grad_norm_(params, gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
