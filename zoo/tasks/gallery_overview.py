@@ -17,6 +17,7 @@ import torch
 from zoo.world.scenes import CaptionScore
 
 EXACT, PARTIAL, WRONG = "#1a9850", "#f0a30a", "#d73027"
+CURVE_FILE = "verifier_curve.jsonl"  # what `VerifierCurve` appends to in the run folder; `curve_figure` draws
 
 
 def verdict_colour(score: CaptionScore | None) -> str:

@@ -360,8 +360,7 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
     """Save every sample's media, `overview.png` (every task at a glance, verdicts marked), a Markdown page
     (`gallery.md`) and `metrics.json`; returns the page. Metrics of further splits, keyed `<split>/<task>/..`
     (`MultimodalGallery(score_splits=...)`), get their own rows in the page's table."""
-    from zoo.tasks.gallery_overview import curve_figure, overview_figure
-    from zoo.tasks.verifier_curve import CURVE_FILE
+    from zoo.tasks.gallery_overview import CURVE_FILE, curve_figure, overview_figure
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

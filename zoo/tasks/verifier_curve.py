@@ -16,8 +16,7 @@ from pathlib import Path
 import lightning as L
 
 from zoo.parallel import is_sharded
-
-CURVE_FILE = "verifier_curve.jsonl"
+from zoo.tasks.gallery_overview import CURVE_FILE
 
 
 class VerifierCurve(L.Callback):
