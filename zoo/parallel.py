@@ -211,6 +211,43 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
     return model
 
 
+def data_parallel_mesh(config: Parallelism, mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The mesh FSDP2 shards over under `config` (None: no sharding), refusing what the zoo cannot do: ranks
+    without FSDP (ModelParallelStrategy reduces no gradient itself), FSDP without a mesh, tensor parallelism.
+    The checks of `parallelize`, for the stages that shard along a `zoo.tasks.sharding.ShardingPlan`."""
+    if mesh is not None and mesh.size() > 1 and not config.fsdp:
+        raise ValueError(
+            f"a device mesh of {mesh.size()} processes but Parallelism(fsdp=False): the ranks would train "
+            "apart; set `parallel.fsdp: true` (configs/strategy/fsdp.yaml) or use DDP"
+        )
+    if not config.fsdp:
+        return None
+    if mesh is None:
+        raise ValueError(
+            "Parallelism(fsdp=True) needs a device mesh: train with "
+            "lightning.pytorch.strategies.ModelParallelStrategy or zoo.parallel.FSDP2Strategy"
+        )
+    names = mesh.mesh_dim_names or ()
+    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+        raise ValueError(
+            f"tensor_parallel_size={mesh['tensor_parallel'].size()}: the zoo does not do tensor "
+            "parallelism yet; set tensor_parallel_size=1 (zoo.parallel.FSDP2Strategy does)"
+        )
+    return mesh["data_parallel"] if "data_parallel" in names else mesh
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A plain state dict: FSDP2 DTensors gathered (every rank must call), wrapper prefixes removed
+    (activation checkpointing, torch.compile)."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        key = key.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        state[key] = value.detach()
+    return state
+
+
 def is_sharded(model: nn.Module) -> bool:
     """Whether FSDP2 has sharded `model` (its parameters are DTensors)."""
     return isinstance(model, FSDPModule)
@@ -234,6 +271,8 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
 __all__ = [
     "FSDP2Strategy",
     "compile_blocks",
+    "data_parallel_mesh",
+    "full_state_dict",
     "materialization_device",
     "Parallelism",
     "fp8_module_filter",
