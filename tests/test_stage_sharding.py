@@ -46,7 +46,12 @@ STAGES: dict[str, tuple[str, dict]] = {
     ),
     "audio": (
         "tokenizers/audio.yaml",
-        {"data": {"init_args": {"train_size": 8, "batch_size": 2, "num_workers": 0}}},
+        {
+            # Quantiser dropout draws its level from a seed vector-quantize-pytorch all-reduces across ranks
+            # (a sum: another stream than one process's), so the runs would drop different levels.
+            "model": {"init_args": {"codec": {"init_args": {"quantize_dropout": False}}}},
+            "data": {"init_args": {"train_size": 8, "batch_size": 2, "num_workers": 0}},
+        },
     ),
     "vision": ("vision/encoder_dual.yaml", {"data": {"init_args": {"train_size": 16, "batch_size": 4}}}),
     "refiner": ("refiner/shapes.yaml", {"data": {"init_args": {"train_size": 16, "batch_size": 4}}}),
@@ -79,7 +84,9 @@ class LossRecorder(L.Callback):
         self.losses.append(float(metrics.get("train/loss", metrics["train/reward"])))
 
 
-def build(stage: str, root: Path, overlay: str | None) -> tuple[L.LightningModule, L.LightningDataModule, dict]:
+def build(
+    stage: str, root: Path, overlay: str | None
+) -> tuple[L.LightningModule, L.LightningDataModule, dict]:
     """The stage's task and datamodule through `ZooCLI`, shortened, with a strategy overlay when given."""
     from zoo.cli import ZooCLI
 

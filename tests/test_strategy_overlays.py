@@ -63,7 +63,8 @@ def test_a_strategy_overlay_composes_with_the_stage_config(
     merged = deep_merge(load(CONFIGS / stage), load(overlay))
     provide_weight_files(merged, tmp_path)
     provide_starting_checkpoints(merged, tmp_path)
-    args = ["--config", str(CONFIGS / stage), "--config", str(overlay), f"--trainer.default_root_dir={tmp_path}"]
+    args = ["--config", str(CONFIGS / stage), "--config", str(overlay)]
+    args.append(f"--trainer.default_root_dir={tmp_path}")
     cli = MetaZooCLI(args=args, run=False)
     expected = Parallelism(**yaml.safe_load(overlay.read_text())["model"]["init_args"]["parallel"])
     assert cli.model.parallel == expected

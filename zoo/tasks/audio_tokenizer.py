@@ -233,6 +233,9 @@ class AudioTokenizerTask(ShardedStage, L.LightningModule):
             `sharding_plan` (zoo.tasks.sharding).
     """
 
+    # Not built on `meta` (meta_init_with_fsdp stays False): transformers loads a Whisper teacher into meta
+    # parameters in ways zoo.meta_init does not replay (the weights would come out wrong); the codec is small.
+
     def __init__(
         self,
         codec: AudioCodec,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import torch
@@ -163,24 +164,28 @@ class CaptionEncoder(nn.Module):
 
 class LearnedTemperature(nn.Module):
     """CLIP's learned logit scale, exp(log_scale) clamped at 100, as a module: FSDP2 shards modules, and a
-    bare parameter of the task would stay a plain tensor beside the DTensors."""
+    bare parameter of the task would stay a plain tensor beside the DTensors. One element, not a scalar:
+    FSDP2 cannot shard a 0-d tensor."""
 
     def __init__(self, temperature: float) -> None:
         super().__init__()
-        self.log_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
+        self.log_scale = nn.Parameter(torch.tensor([math.log(1.0 / temperature)]))
 
     def forward(self) -> Tensor:
-        return self.log_scale.clamp(max=math.log(100.0)).exp()
+        return self.log_scale.clamp(max=math.log(100.0)).exp()[0]
 
 
-def _cnn_blocks(cnn: nn.Module) -> list[nn.Module]:
-    """The residual blocks of a timm CNN: the children of its `layer1..4` (ResNets) or `stages` containers;
-    none for other layouts (the whole CNN is then one group)."""
-    blocks = []
+def _cnn_parts(cnn: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+    """(blocks, stem) of a timm CNN: the blocks are the children of its `layer1..4` (ResNets) or `stages`
+    containers, the stem every other child (timm's feature wrapper is a `ModuleDict`, which FSDP2 cannot
+    shard as one module, so its children are sharded instead)."""
+    blocks, stem = [], []
     for name, child in cnn.named_children():
         if name.startswith("layer") or name == "stages":
             blocks += list(child.children())
-    return blocks
+        else:
+            stem.append(child)
+    return blocks, stem
 
 
 class VisionEncoderPretraining(ShardedStage, L.LightningModule):
@@ -213,6 +218,10 @@ class VisionEncoderPretraining(ShardedStage, L.LightningModule):
         parallel: FSDP2, FP8, activation checkpointing and compile, applied in `configure_model` along
             `sharding_plan` (zoo.tasks.sharding).
     """
+
+    # Built on `meta` under parallel.fsdp (zoo.meta_init): its construction replays bit for bit
+    # (tests/test_sharding_plans.py).
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -263,7 +272,7 @@ class VisionEncoderPretraining(ShardedStage, L.LightningModule):
 
     def sharding_plan(self) -> ShardingPlan:
         """Blocks: the CNN path's residual blocks, the ViT path's and the caption encoder's transformer
-        blocks. Groups: the CNN (its stem), the ViT (patch and position embeddings, final norm; run by
+        blocks. Groups: the CNN's stem layers, the ViT (patch and position embeddings, final norm; run by
         `forward_features`), the patch merger, the attribute head, the image projection, the caption encoder
         and the temperature. FP8 takes the linears of the ViT blocks, the merger, the attribute head's MLP and
         the caption encoder's feed-forwards; the contrastive projections and the attribute logits stay high
@@ -271,8 +280,9 @@ class VisionEncoderPretraining(ShardedStage, L.LightningModule):
         enc = self.encoder
         blocks, groups, methods = [], [], []
         if enc.cnn_path is not None:
-            blocks += _cnn_blocks(enc.cnn_path)
-            groups.append(enc.cnn_path)
+            cnn_blocks, stem = _cnn_parts(enc.cnn_path)
+            blocks += cnn_blocks
+            groups += stem
         if enc.vit_path is not None:
             blocks += list(enc.vit_path.blocks)
             groups.append(enc.vit_path)
@@ -399,7 +409,7 @@ class VisionEncoderPretraining(ShardedStage, L.LightningModule):
 def _rename_bare_logit_scale(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
     old = prefix + "logit_scale"
     if old in state:
-        state[old + ".log_scale"] = state.pop(old)
+        state[old + ".log_scale"] = state.pop(old).reshape(1)
 
 
 def _same_rows(ids: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import torch
@@ -211,6 +212,10 @@ class VisualTokenizerTraining(ShardedStage, L.LightningModule):
         parallel: FSDP2, FP8, activation checkpointing and compile, applied in `configure_model` along
             `sharding_plan` (zoo.tasks.sharding).
     """
+
+    # Built on `meta` under parallel.fsdp (zoo.meta_init): its construction replays bit for bit
+    # (tests/test_sharding_plans.py).
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
