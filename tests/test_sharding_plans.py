@@ -120,3 +120,30 @@ def test_a_stage_built_on_meta_materialises_the_single_process_weights(stage, tm
     expected = reference.state_dict()
     for name, value in task.state_dict().items():
         assert torch.equal(value, expected[name]), name
+
+
+def test_sharding_a_stage_twice_changes_nothing(tmp_path, fake_mesh):
+    """Lightning may call `configure_model` twice (fit, then test)."""
+    task = build("vision", tmp_path)
+    config = Parallelism(fsdp=True, activation_checkpointing=True)
+    shard_stage(task, task.sharding_plan(), config, fake_mesh)
+    before = [(name, type(m).__name__) for name, m in task.named_modules()]
+    shard_stage(task, task.sharding_plan(), config, fake_mesh)
+    assert [(name, type(m).__name__) for name, m in task.named_modules()] == before
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    assert all(isinstance(block, CheckpointWrapper) for block in task.encoder.vit_path.blocks)
+
+
+def test_the_plain_component_of_a_sharded_module_is_rebuilt_as_its_own_class(tmp_path, fake_mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    from zoo.tasks.sharding import plain_component
+
+    task = build("visual_2d", tmp_path)
+    expected = {k: v.clone() for k, v in task.tokenizer.state_dict().items()}
+    fully_shard(task.tokenizer, mesh=fake_mesh)  # FSDP2 renames the class; the fake mesh gathers nothing,
+    # so only the class and the keys are checked here (the values: tests/test_stage_sharding.py)
+    plain = plain_component(task.tokenizer)
+    assert type(plain).__name__ == "VisualTokenizer"
+    assert plain.state_dict().keys() == expected.keys()

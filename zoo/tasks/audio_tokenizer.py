@@ -312,7 +312,7 @@ class AudioTokenizerTask(ShardedStage, L.LightningModule):
 
     def sharding_plan(self) -> ShardingPlan:
         """The codec's blocks are the layers of its encoder and decoder stacks (strided conv stages with their
-        residual units, the STFT head); the encoder, the decoder, the quantiser's two projections and the
+        residual units); the encoder, the decoder (with any STFT head), the two quantiser projections and the
         distillation projection are groups. Those three linears stay high precision (the quantiser's input and
         output, and a regression head), so FP8 converts nothing in this stage. The teacher is frozen
         (replicated on every rank)."""

@@ -140,11 +140,14 @@ def shard_stage(
                 block.compile(backend=config.compile_backend)
     dp_mesh = data_parallel_mesh(config, mesh)
     if dp_mesh is not None:
+        sharded_now = set()
         for module in (*blocks, *plan.groups):
             if not isinstance(module, FSDPModule):
                 fully_shard(module, mesh=dp_mesh)
+                sharded_now.add(module)
         for module, method in plan.forward_methods:
-            register_fsdp_forward_method(module, method)
+            if module in sharded_now:  # registering twice would run FSDP2's hooks twice per call
+                register_fsdp_forward_method(module, method)
         missed = unsharded_trainable(root)
         if missed:
             raise ValueError(
@@ -170,8 +173,12 @@ def plain_component(module: nn.Module) -> nn.Module:
     from zoo.publishing.building import build_from_config
 
     state = full_state_dict(module)
+    config = to_config(module)
+    if isinstance(module, FSDPModule):  # FSDP2 renamed the class (FSDP<Name>): build the class it came from
+        cls = next(c for c in type(module).__mro__[1:] if not issubclass(c, FSDPModule))
+        config["class_path"] = f"{cls.__module__}.{cls.__qualname__}"
     with torch.random.fork_rng():  # the fresh build's init draws must not move the training stream
-        plain = build_from_config(to_config(module))
+        plain = build_from_config(config)
     plain.load_state_dict(state, strict=True)
     return plain
 

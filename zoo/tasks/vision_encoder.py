@@ -288,7 +288,7 @@ class VisionEncoderPretraining(ShardedStage, L.LightningModule):
             groups.append(enc.vit_path)
             methods.append((enc.vit_path, "forward_features"))
         blocks += list(self.caption_encoder.encoder.layers)
-        groups += [enc.patch_merger, enc, self.cell_head, self.image_proj, self.caption_encoder]
+        groups += [enc.patch_merger, self.cell_head, self.image_proj, self.caption_encoder]
         groups.append(self.logit_scale)
         heads = (self.cell_head.outputs, self.image_proj, self.caption_encoder.out)
         return ShardingPlan(
