@@ -7,6 +7,7 @@ The real two-process runs are tests/test_stage_sharding.py.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,9 +54,19 @@ def build(stage: str, tmp_path: Path, *extra: str):  # noqa: ANN201 (the stage's
     return ZooCLI(args=[*args, "--trainer.logger=false"], run=False).model
 
 
+_BUILT: dict[str, nn.Module] = {}
+
+
+def built(stage: str, tmp_path: Path):  # noqa: ANN201 (the stage's LightningModule)
+    """A fresh copy of the stage's task, parsed and built once per session (the CLI is the slow part)."""
+    if stage not in _BUILT:
+        _BUILT[stage] = build(stage, tmp_path)
+    return copy.deepcopy(_BUILT[stage])
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_trained_parameter_of_a_stage_is_sharded_over_the_mesh(stage, tmp_path, fake_mesh):
-    task = build(stage, tmp_path)
+    task = built(stage, tmp_path)
     trained = {n: p.numel() for n, p in task.named_parameters() if p.requires_grad}
     shard_stage(task, task.sharding_plan(), Parallelism(fsdp=True), fake_mesh)
     params = dict(task.named_parameters())
@@ -65,7 +76,7 @@ def test_every_trained_parameter_of_a_stage_is_sharded_over_the_mesh(stage, tmp_
 
 
 def test_a_plan_that_misses_a_trained_module_is_refused_by_name(tmp_path, fake_mesh):
-    task = build("refiner", tmp_path)
+    task = built("refiner", tmp_path)
     plan = task.sharding_plan()
     missing = ShardingPlan(blocks=plan.blocks, groups=(), frozen=plan.frozen)  # the UNet's stem is left out
     with pytest.raises(ValueError, match=r"unsharded: \['refiner\.unet\.conv_in\.weight'"):
@@ -80,13 +91,13 @@ def float8_linears(task: nn.Module) -> set[str]:
 
 @pytest.mark.parametrize("stage", ["visual_2d", "audio"])
 def test_fp8_converts_nothing_in_the_conv_tokenizers(stage, tmp_path):
-    task = build(stage, tmp_path)
+    task = built(stage, tmp_path)
     shard_stage(task, task.sharding_plan(), Parallelism(fp8=True))
     assert float8_linears(task) == set()
 
 
 def test_fp8_takes_the_vision_encoders_blocks_merger_and_mlps_but_not_its_heads(tmp_path):
-    task = build("vision", tmp_path)
+    task = built("vision", tmp_path)
     shard_stage(task, task.sharding_plan(), Parallelism(fp8=True))
     converted = float8_linears(task)
     assert {"encoder.vit_path.blocks.0.attn.qkv", "encoder.vit_path.blocks.3.mlp.fc2"} <= converted
@@ -97,7 +108,7 @@ def test_fp8_takes_the_vision_encoders_blocks_merger_and_mlps_but_not_its_heads(
 
 
 def test_fp8_takes_the_refiners_timestep_and_attention_linears_never_a_conv(tmp_path):
-    task = build("refiner", tmp_path)
+    task = built("refiner", tmp_path)
     shard_stage(task, task.sharding_plan(), Parallelism(fp8=True))
     converted = float8_linears(task)
     assert "refiner.unet.time_embedding.linear_1" in converted
@@ -124,7 +135,7 @@ def test_a_stage_built_on_meta_materialises_the_single_process_weights(stage, tm
 
 def test_sharding_a_stage_twice_changes_nothing(tmp_path, fake_mesh):
     """Lightning may call `configure_model` twice (fit, then test)."""
-    task = build("vision", tmp_path)
+    task = built("vision", tmp_path)
     config = Parallelism(fsdp=True, activation_checkpointing=True)
     shard_stage(task, task.sharding_plan(), config, fake_mesh)
     before = [(name, type(m).__name__) for name, m in task.named_modules()]
@@ -140,7 +151,7 @@ def test_the_plain_component_of_a_sharded_module_is_rebuilt_as_its_own_class(tmp
 
     from zoo.tasks.sharding import plain_component
 
-    task = build("visual_2d", tmp_path)
+    task = built("visual_2d", tmp_path)
     expected = {k: v.clone() for k, v in task.tokenizer.state_dict().items()}
     fully_shard(task.tokenizer, mesh=fake_mesh)  # FSDP2 renames the class; the fake mesh gathers nothing,
     # so only the class and the keys are checked here (the values: tests/test_stage_sharding.py)

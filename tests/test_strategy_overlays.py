@@ -54,7 +54,12 @@ def test_the_grid_covers_every_overlay_and_every_stage_task():
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.stem)
+# ddp.yaml and single.yaml set `parallel` through the same key as the FSDP overlays: the slow run builds them.
+SLOW_OVERLAYS = ("ddp", "single")
+GRID_OVERLAYS = [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW_OVERLAYS else p for p in OVERLAYS]
+
+
+@pytest.mark.parametrize("overlay", GRID_OVERLAYS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_strategy_overlay_composes_with_the_stage_config(
     stage: str, overlay: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
