@@ -45,6 +45,15 @@ def fake_mesh() -> Iterator:
         yield init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
     finally:
         dist.destroy_process_group()
+        # vector-quantize-pytorch caches `is_distributed()` for the process (functools.cache): a codec built
+        # under the fake group would make every later codec of this pytest process all-reduce.
+        import vector_quantize_pytorch.residual_vq as residual_vq
+        import vector_quantize_pytorch.vector_quantize_pytorch as vq
+
+        for module in (vq, residual_vq):
+            clear = getattr(getattr(module, "is_distributed", None), "cache_clear", None)
+            if clear is not None:
+                clear()
 
 
 def build(stage: str, tmp_path: Path, *extra: str):  # noqa: ANN201 (the stage's LightningModule)

@@ -52,7 +52,7 @@ class ShardingPlan:
         `forward_features`), registered with FSDP2 so that calling them gathers the group too.
     high_precision: modules whose linears stay out of FP8 (output heads, quantiser projections: small, and
         sensitive to rounding).
-    frozen: modules that are never trained: replicated, never converted to FP8.
+    frozen: modules that are never trained, outside every group: replicated, never converted to FP8.
     """
 
     blocks: tuple[nn.Module, ...] = ()
@@ -189,7 +189,7 @@ class ShardedStage:
 
     parallel: Parallelism
     # `zoo fit` builds the task under zoo.meta_init with parallel.fsdp when this is True (the stages whose
-    # constructors replay exactly: tested in tests/test_stage_sharding.py).
+    # constructors replay exactly: tests/test_sharding_plans.py).
     meta_init_with_fsdp: ClassVar[bool] = False
 
     def sharding_plan(self) -> ShardingPlan:

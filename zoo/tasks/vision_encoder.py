@@ -260,7 +260,7 @@ class VisionEncoderPretraining(ShardedStage, L.LightningModule):
         self.caption_encoder = CaptionEncoder(text_dim, text_heads, text_layers, max_words, embed_dim)
         self.logit_scale = LearnedTemperature(temperature)
         # Checkpoints from before the scale was a module name it `logit_scale`.
-        self._register_load_state_dict_pre_hook(_rename_bare_logit_scale)
+        self._register_load_state_dict_pre_hook(_rename_bare_logit_scale, with_module=True)
         self.max_words = max_words
         self.attribute_weight, self.caption_weight = attribute_weight, caption_weight
         self.lr, self.weight_decay = lr, weight_decay
