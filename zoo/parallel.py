@@ -201,9 +201,10 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
 
         convert_experts_to_float8(model, mesh.device_type if mesh is not None else None)
 
+    dp_mesh = data_parallel_mesh(config, mesh)  # refuses a mesh without FSDP, FSDP without a mesh, TP
     expert_dp_mesh = None
     if config.expert_parallel > 1 and not isinstance(model, FSDPModule):
-        expert_dp_mesh = apply_expert_parallel(model, _data_parallel_mesh(mesh), config.expert_parallel)
+        expert_dp_mesh = apply_expert_parallel(model, dp_mesh, config.expert_parallel)
 
     if config.activation_checkpointing:
         for parent, name, block in transformer_blocks(model):
@@ -216,25 +217,7 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
     if config.compile:
         compile_blocks(model, config.compile_backend)
 
-    if mesh is not None and mesh.size() > 1 and not config.fsdp:
-        # ModelParallelStrategy does not wrap the model in DDP: without FSDP no gradient would be reduced.
-        raise ValueError(
-            f"a device mesh of {mesh.size()} processes but Parallelism(fsdp=False): the ranks would train "
-            "apart; set `parallel.fsdp: true` (configs/strategy/fsdp.yaml) or use DDP"
-        )
-    if config.fsdp:
-        if mesh is None:
-            raise ValueError(
-                "Parallelism(fsdp=True) needs a device mesh: train with "
-                "lightning.pytorch.strategies.ModelParallelStrategy or zoo.parallel.FSDP2Strategy"
-            )
-        names = mesh.mesh_dim_names or ()
-        if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
-            raise ValueError(
-                f"tensor_parallel_size={mesh['tensor_parallel'].size()}: the zoo does not do tensor "
-                "parallelism yet; set tensor_parallel_size=1 (zoo.parallel.FSDP2Strategy does)"
-            )
-        dp_mesh = _data_parallel_mesh(mesh)
+    if dp_mesh is not None:
         if not isinstance(model, FSDPModule):
             if expert_dp_mesh is not None:  # first, so each block's fully_shard leaves the experts to theirs
                 fully_shard_local_experts(model, expert_dp_mesh, gradient_divide_factor=dp_mesh.size())
@@ -246,13 +229,42 @@ def parallelize(model: UnifiedModel, config: Parallelism, mesh: DeviceMesh | Non
     return model
 
 
-def _data_parallel_mesh(mesh: DeviceMesh | None) -> DeviceMesh:
+def data_parallel_mesh(config: Parallelism, mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The mesh FSDP2 shards over under `config` (None: no sharding), refusing what the zoo cannot do: ranks
+    without FSDP (ModelParallelStrategy reduces no gradient itself), FSDP without a mesh, tensor parallelism.
+    `parallelize` and the stages that shard along a `zoo.tasks.sharding.ShardingPlan` both start here."""
+    if mesh is not None and mesh.size() > 1 and not config.fsdp:
+        # ModelParallelStrategy does not wrap the model in DDP: without FSDP no gradient would be reduced.
+        raise ValueError(
+            f"a device mesh of {mesh.size()} processes but Parallelism(fsdp=False): the ranks would train "
+            "apart; set `parallel.fsdp: true` (configs/strategy/fsdp.yaml) or use DDP"
+        )
+    if not config.fsdp:
+        return None
     if mesh is None:
         raise ValueError(
             "Parallelism(fsdp=True) needs a device mesh: train with "
             "lightning.pytorch.strategies.ModelParallelStrategy or zoo.parallel.FSDP2Strategy"
         )
-    return mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+    names = mesh.mesh_dim_names or ()
+    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+        raise ValueError(
+            f"tensor_parallel_size={mesh['tensor_parallel'].size()}: the zoo does not do tensor "
+            "parallelism yet; set tensor_parallel_size=1 (zoo.parallel.FSDP2Strategy does)"
+        )
+    return mesh["data_parallel"] if "data_parallel" in names else mesh
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A plain state dict: FSDP2 DTensors gathered (every rank must call), wrapper prefixes removed
+    (activation checkpointing, torch.compile)."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        key = key.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        state[key] = value.detach()
+    return state
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -278,6 +290,8 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
 __all__ = [
     "FSDP2Strategy",
     "compile_blocks",
+    "data_parallel_mesh",
+    "full_state_dict",
     "materialization_device",
     "Parallelism",
     "fp8_module_filter",

@@ -24,22 +24,10 @@ import torch
 from torch import Tensor
 
 from zoo.models.unified import UnifiedModel
-from zoo.parallel import fp8_module_filter, is_sharded
+from zoo.parallel import fp8_module_filter, full_state_dict, is_sharded
 
 Precision = Literal["float32", "bfloat16", "fp8"]
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """A plain state dict: FSDP2 DTensors gathered (every rank must call), wrapper prefixes removed
-    (activation checkpointing, torch.compile)."""
-    state = {}
-    for key, value in model.state_dict().items():
-        if hasattr(value, "full_tensor"):
-            value = value.full_tensor()
-        key = key.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-        state[key] = value.detach()
-    return state
 
 
 def fp8_round_trip(weight: Tensor) -> Tensor:

@@ -48,6 +48,7 @@ from torchmetrics import MeanMetric
 from zoo.config import save_config_hyperparameters
 from zoo.init_from import load_starting_weights
 from zoo.models.unified import UnifiedModel
+from zoo.parallel import Parallelism, parallelize
 from zoo.rl.data import QueryDataModule
 from zoo.rl.engines import EngineSettings, InProcessBackend, RolloutBackend, RolloutEngine
 from zoo.rl.hints import HintController, HintSchedule
@@ -123,6 +124,10 @@ class RLTask(L.LightningModule):
             vectors), e.g. `{class_path: torch.optim.SGD, init_args: {lr: 1e-4}}`; None: `optim`'s AdamW.
         lr_scheduler: builds the schedule from the optimizer, stepped every optimizer step; None: `optim`'s
             linear warm-up to a constant rate.
+        parallel: FSDP2, FP8, activation checkpointing and compile of the policy, applied in `configure_model`
+            (zoo.parallel.parallelize, as in pretraining). The reference policy of a KL term is a frozen copy
+            made here, before sharding: whole on every rank. The engine's copy is gathered from the shards
+            (`zoo.rl.policy.PolicyCopy`), whole on every rank.
     """
 
     def __init__(
@@ -139,10 +144,12 @@ class RLTask(L.LightningModule):
         rollout_backend: RolloutBackend | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
         self.automatic_optimization = False
+        self.parallel = parallel
         self.model = model
         self.scheduler = scheduler if scheduler is not None else SyncScheduler()
         self.loss_config, self.rollout_config, self.hint_schedule = loss, rollout, hints
@@ -162,6 +169,10 @@ class RLTask(L.LightningModule):
         self.engine: RolloutEngine | None = None
         self.scorer: Scorer | None = None
         self._engine_rng: Tensor | None = None  # from a checkpoint, applied when the engine is built
+
+    def configure_model(self) -> None:
+        # Lightning may call this more than once (fit then test); parallelize skips what is already done.
+        parallelize(self.model, self.parallel, self.device_mesh)
 
     @staticmethod
     def upgrade_init_args(init_args: dict) -> dict:

@@ -30,6 +30,7 @@ import torchaudio
 from torch import Tensor, nn
 
 from zoo.config import save_config_hyperparameters
+from zoo.parallel import Parallelism
 from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.metrics import audio_si_snr, split_metrics
 from zoo.tasks.optim import (
@@ -39,6 +40,7 @@ from zoo.tasks.optim import (
     lightning_optimizers,
     refuse_replaced_arguments,
 )
+from zoo.tasks.sharding import ShardedStage, ShardingPlan, plain_component, with_parameters
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.audio_teacher import AudioTeacher
 from zoo.weights import save_weights_file
@@ -196,7 +198,7 @@ def spectrogram_figure(original: Tensor, decodes: dict[str, Tensor], sample_rate
     return fig
 
 
-class AudioTokenizerTask(L.LightningModule):
+class AudioTokenizerTask(ShardedStage, L.LightningModule):
     """Trains an `AudioCodec` on batches `{"audio": [B, N], "audio_lengths": [B]}` (zero-padded waveforms).
 
     Args:
@@ -227,7 +229,12 @@ class AudioTokenizerTask(L.LightningModule):
             weight decay); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
             `warmup_steps` and `min_lr_ratio`.
+        parallel: FSDP2, FP8, activation checkpointing and compile, applied in `configure_model` along
+            `sharding_plan` (zoo.tasks.sharding).
     """
+
+    # Not built on `meta` (meta_init_with_fsdp stays False): transformers loads a Whisper teacher into meta
+    # parameters in ways zoo.meta_init does not replay (the weights would come out wrong); the codec is small.
 
     def __init__(
         self,
@@ -251,9 +258,11 @@ class AudioTokenizerTask(L.LightningModule):
         num_logged_samples: int = 2,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        self.parallel = parallel
         refuse_replaced_arguments(AudioTokenizerTask, "optimizer", optimizer, {"lr": lr, "betas": betas})
         schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
         refuse_replaced_arguments(AudioTokenizerTask, "lr_scheduler", lr_scheduler, schedule)
@@ -300,6 +309,20 @@ class AudioTokenizerTask(L.LightningModule):
         self._val_usage: list[Tensor] = []
         self._val_masks: list[Tensor] = []
         self._val_example: tuple[Tensor, Tensor] | None = None
+
+    def sharding_plan(self) -> ShardingPlan:
+        """The codec's blocks are the layers of its encoder and decoder stacks (strided conv stages with their
+        residual units); the encoder, the decoder (with any STFT head), the two quantiser projections and the
+        distillation projection are groups. Those three linears stay high precision (the quantiser's input and
+        output, and a regression head), so FP8 converts nothing in this stage. The teacher is frozen
+        (replicated on every rank)."""
+        codec = self.codec
+        blocks = with_parameters([*codec.encoder.net, *codec.decoder.net])
+        projections = (codec.quantizer.project_in, codec.quantizer.project_out)
+        heads = projections + ((self.distill_proj,) if self.distill_proj is not None else ())
+        groups = with_parameters((codec.encoder, codec.decoder, *heads))
+        frozen = (self.teacher,) if self.teacher is not None else ()
+        return ShardingPlan(blocks=blocks, groups=groups, high_precision=heads, frozen=frozen)
 
     def _unpack(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         if "audio" not in batch:
@@ -445,9 +468,10 @@ class AudioTokenizerTask(L.LightningModule):
         experiment.add_figure("spectrogram", figure, step)
 
     def on_fit_end(self) -> None:
+        codec = plain_component(self.codec)  # gathers FSDP2 shards: every rank calls
         if self.trainer.is_global_zero:
-            weights = save_weights_file(self.codec, Path(self.trainer.default_root_dir) / CODEC_FILE)
-            write_component_folder(self.trainer, self.codec, weights)
+            weights = save_weights_file(codec, Path(self.trainer.default_root_dir) / CODEC_FILE)
+            write_component_folder(self.trainer, codec, weights)
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
         params = [p for p in self.codec.parameters() if p.requires_grad]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import lightning as L
 import numpy as np
@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 
 from zoo.config import Configurable, save_config_hyperparameters
 from zoo.models.refiner import DiffusionRefiner
+from zoo.parallel import Parallelism
 from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.metrics import ImageSSIM, per_image_psnr, split_metrics
 from zoo.tasks.optim import (
@@ -37,6 +38,7 @@ from zoo.tasks.optim import (
     lightning_optimizers,
     refuse_replaced_arguments,
 )
+from zoo.tasks.sharding import ShardedStage, ShardingPlan, plain_component, with_parameters
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.weights import save_weights_file
 
@@ -166,7 +168,7 @@ def save_grid_png(grid: Tensor, path: str | Path, scale: int = 2) -> Path:
     return path
 
 
-class RefinerTraining(L.LightningModule):
+class RefinerTraining(ShardedStage, L.LightningModule):
     """Trains a `DiffusionRefiner` to undo a `Degradation` of the batch's images (`batch["pixels"]`).
 
     Args:
@@ -185,7 +187,13 @@ class RefinerTraining(L.LightningModule):
             `weight_decay`); None: AdamW with `lr` (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
             `warmup_steps` and `min_lr_ratio`.
+        parallel: FSDP2, FP8, activation checkpointing and compile, applied in `configure_model` along
+            `sharding_plan` (zoo.tasks.sharding).
     """
+
+    # Built on `meta` under parallel.fsdp (zoo.meta_init): its construction replays bit for bit
+    # (tests/test_sharding_plans.py).
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -201,9 +209,11 @@ class RefinerTraining(L.LightningModule):
         seed: int = 0,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        self.parallel = parallel
         refuse_replaced_arguments(RefinerTraining, "optimizer", optimizer, {"lr": lr})
         schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
         refuse_replaced_arguments(RefinerTraining, "lr_scheduler", lr_scheduler, schedule)
@@ -218,6 +228,19 @@ class RefinerTraining(L.LightningModule):
         self.eval_metrics = split_metrics(["psnr_refined", "psnr_upsampled", "psnr_gain_db"], MeanMetric)
         ssim = lambda: ImageSSIM(refiner.image_size)
         self.eval_metrics.update(split_metrics(["ssim_refined"], ssim))
+
+    def sharding_plan(self) -> ShardingPlan:
+        """The UNet's blocks are its down, mid and up blocks (resnets, attention, resamplers); the UNet itself
+        is the group of the rest (input conv, timestep embedding, output norm and conv). FP8 takes the linears
+        of the timestep embedding, the resnets' time projections and the attention projections (dims multiples
+        of 16); convolutions stay as they are. The degradation (a frozen tokenizer, or none) is replicated."""
+        unet = self.refiner.unet
+        blocks = [*unet.down_blocks, unet.mid_block, *unet.up_blocks]
+        return ShardingPlan(
+            blocks=with_parameters(m for m in blocks if m is not None),
+            groups=with_parameters([unet]),
+            frozen=(self.degradation,),
+        )
 
     def _pixels(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(target images, what the degradation sees: `batch["condition_pixels"]` when given, else the
@@ -297,9 +320,10 @@ class RefinerTraining(L.LightningModule):
 
     def on_fit_end(self) -> None:
         """Write the refiner alone as `<default_root_dir>/diffusion_refiner.safetensors` (its `weights`)."""
+        refiner = plain_component(self.refiner)  # gathers FSDP2 shards: every rank calls
         if self.trainer.is_global_zero:
-            weights = save_weights_file(self.refiner, Path(self.trainer.default_root_dir) / REFINER_FILE)
-            write_component_folder(self.trainer, self.refiner, weights)
+            weights = save_weights_file(refiner, Path(self.trainer.default_root_dir) / REFINER_FILE)
+            write_component_folder(self.trainer, refiner, weights)
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
         groups = [{"params": list(self.refiner.parameters()), "weight_decay": self.weight_decay}]

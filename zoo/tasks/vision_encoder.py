@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import torch
@@ -27,6 +28,7 @@ from torchmetrics import MeanMetric
 
 from zoo.config import save_config_hyperparameters
 from zoo.models.vision import DualPathEncoder
+from zoo.parallel import Parallelism
 from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.optim import (
     LRSchedulerCallable,
@@ -36,6 +38,7 @@ from zoo.tasks.optim import (
     lightning_optimizers,
     refuse_replaced_arguments,
 )
+from zoo.tasks.sharding import ShardedStage, ShardingPlan, plain_component, with_parameters
 from zoo.weights import save_weights_file
 from zoo.world.scenes import (
     COLOURS,
@@ -159,7 +162,33 @@ class CaptionEncoder(nn.Module):
         return self.out((h * keep).sum(1) / keep.sum(1).clamp_min(1.0))
 
 
-class VisionEncoderPretraining(L.LightningModule):
+class LearnedTemperature(nn.Module):
+    """CLIP's learned logit scale, exp(log_scale) clamped at 100, as a module: FSDP2 shards modules, and a
+    bare parameter of the task would stay a plain tensor beside the DTensors. One element, not a scalar:
+    FSDP2 cannot shard a 0-d tensor."""
+
+    def __init__(self, temperature: float) -> None:
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.tensor([math.log(1.0 / temperature)]))
+
+    def forward(self) -> Tensor:
+        return self.log_scale.clamp(max=math.log(100.0)).exp()[0]
+
+
+def _cnn_parts(cnn: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+    """(blocks, stem) of a timm CNN: the blocks are the children of its `layer1..4` (ResNets) or `stages`
+    containers, the stem every other child (timm's feature wrapper is a `ModuleDict`, which FSDP2 cannot
+    shard as one module, so its children are sharded instead)."""
+    blocks, stem = [], []
+    for name, child in cnn.named_children():
+        if name.startswith("layer") or name == "stages":
+            blocks += list(child.children())
+        else:
+            stem.append(child)
+    return blocks, stem
+
+
+class VisionEncoderPretraining(ShardedStage, L.LightningModule):
     """Trains a `DualPathEncoder` on ShapesWorld images: per-cell attributes + caption alignment.
 
     The datamodule gives batches {"pixels": [B, 3, H, W], "index": [B]} and `scene(index, split)`
@@ -186,7 +215,13 @@ class VisionEncoderPretraining(L.LightningModule):
             None: AdamW with `lr` (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
             `warmup_steps` and `min_lr_ratio`.
+        parallel: FSDP2, FP8, activation checkpointing and compile, applied in `configure_model` along
+            `sharding_plan` (zoo.tasks.sharding).
     """
+
+    # Built on `meta` under parallel.fsdp (zoo.meta_init): its construction replays bit for bit
+    # (tests/test_sharding_plans.py).
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -207,9 +242,11 @@ class VisionEncoderPretraining(L.LightningModule):
         min_lr_ratio: float = 0.1,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        self.parallel = parallel
         cls = VisionEncoderPretraining
         refuse_replaced_arguments(cls, "optimizer", optimizer, {"lr": lr})
         schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
@@ -221,7 +258,9 @@ class VisionEncoderPretraining(L.LightningModule):
         self.cell_head = CellAttributeHead(encoder.out_dim, encoder.grid, head_dim, head_layers)
         self.image_proj = nn.Sequential(nn.LayerNorm(encoder.out_dim), nn.Linear(encoder.out_dim, embed_dim))
         self.caption_encoder = CaptionEncoder(text_dim, text_heads, text_layers, max_words, embed_dim)
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
+        self.logit_scale = LearnedTemperature(temperature)
+        # Checkpoints from before the scale was a module name it `logit_scale`.
+        self._register_load_state_dict_pre_hook(_rename_bare_logit_scale, with_module=True)
         self.max_words = max_words
         self.attribute_weight, self.caption_weight = attribute_weight, caption_weight
         self.lr, self.weight_decay = lr, weight_decay
@@ -229,6 +268,34 @@ class VisionEncoderPretraining(L.LightningModule):
         # Means over every cell / scene of the split (a mean of per-batch means would weight cells unevenly).
         self.eval_metrics = nn.ModuleDict(
             {f"{split}__{name}": MeanMetric() for split in ("val", "test") for name in EVAL_FIGURES}
+        )
+
+    def sharding_plan(self) -> ShardingPlan:
+        """Blocks: the CNN path's residual blocks, the ViT path's and the caption encoder's transformer
+        blocks. Groups: the CNN's stem layers, the ViT (patch and position embeddings, final norm; run by
+        `forward_features`), the patch merger, the attribute head, the image projection, the caption encoder
+        and the temperature. FP8 takes the linears of the ViT blocks, the merger, the attribute head's MLP and
+        the caption encoder's feed-forwards; the contrastive projections and the attribute logits stay high
+        precision (`nn.MultiheadAttention`'s projections are not `nn.Linear`s FP8 converts)."""
+        enc = self.encoder
+        blocks, groups, methods = [], [], []
+        if enc.cnn_path is not None:
+            cnn_blocks, stem = _cnn_parts(enc.cnn_path)
+            blocks += cnn_blocks
+            groups += stem
+        if enc.vit_path is not None:
+            blocks += list(enc.vit_path.blocks)
+            groups.append(enc.vit_path)
+            methods.append((enc.vit_path, "forward_features"))
+        blocks += list(self.caption_encoder.encoder.layers)
+        groups += [enc.patch_merger, self.cell_head, self.image_proj, self.caption_encoder]
+        groups.append(self.logit_scale)
+        heads = (self.cell_head.outputs, self.image_proj, self.caption_encoder.out)
+        return ShardingPlan(
+            blocks=with_parameters(blocks),
+            groups=with_parameters(groups),
+            forward_methods=tuple(methods),
+            high_precision=heads,
         )
 
     # ------------------------------------------------------------------ data
@@ -254,7 +321,7 @@ class VisionEncoderPretraining(L.LightningModule):
         """Symmetric InfoNCE; rows with the very same caption are all positives (soft targets), so two
         identical scenes in a batch are not pushed apart. Returns (loss, logits [B, B])."""
         image, text = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
-        logits = self.logit_scale.clamp(max=math.log(100.0)).exp() * image @ text.T
+        logits = self.logit_scale() * image @ text.T
         same = _same_rows(ids).float()
         target = same / same.sum(1, keepdim=True)
         # `same` is symmetric and so is `target` (row i is spread over the n_i rows equal to i, n_i = n_j).
@@ -323,10 +390,11 @@ class VisionEncoderPretraining(L.LightningModule):
         return self._step(batch, "test")
 
     def on_fit_end(self) -> None:
+        encoder = plain_component(self.encoder)  # gathers FSDP2 shards: every rank calls
         if self.trainer.is_global_zero:
             path = Path(self.trainer.default_root_dir) / "vision_encoder.safetensors"
-            save_weights_file(self.encoder, path)
-            write_component_folder(self.trainer, self.encoder, path)
+            save_weights_file(encoder, path)
+            write_component_folder(self.trainer, encoder, path)
             print(f"vision encoder weights written to {path}")
 
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)
@@ -336,6 +404,12 @@ class VisionEncoderPretraining(L.LightningModule):
         total = lambda: self.trainer.estimated_stepping_batches  # lazily: Lightning#20550, see schedules.py
         schedule = self.lr_scheduler_callable
         return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)
+
+
+def _rename_bare_logit_scale(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
+    old = prefix + "logit_scale"
+    if old in state:
+        state[old + ".log_scale"] = state.pop(old).reshape(1)
 
 
 def _same_rows(ids: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import torch
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from zoo.config import Configurable, save_config_hyperparameters
+from zoo.parallel import Parallelism
 from zoo.tasks.component_folders import write_component_folder
 from zoo.tasks.metrics import (
     ImagePSNR,
@@ -49,6 +51,7 @@ from zoo.tasks.optim import (
     lightning_optimizers,
     refuse_replaced_arguments,
 )
+from zoo.tasks.sharding import ShardedStage, ShardingPlan, plain_component, with_parameters
 from zoo.tokenizers.visual import VisualTokenizer, per_frame
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, usage_statistics
 from zoo.weights import save_weights_file
@@ -179,7 +182,7 @@ class AdversarialLoss(Configurable, nn.Module):
         return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
 
 
-class VisualTokenizerTraining(L.LightningModule):
+class VisualTokenizerTraining(ShardedStage, L.LightningModule):
     """Trains a `VisualTokenizer` on batches {"pixels": [B, 3, H, W] or [B, 3, T, H, W]}.
 
     Args:
@@ -206,7 +209,13 @@ class VisualTokenizerTraining(L.LightningModule):
             discriminator at its own lr); None: AdamW with `lr` and `betas` (zoo/tasks/optim.py).
         lr_scheduler: builds the schedule from the optimizer, stepped every step; None: warm-up-cosine with
             `warmup_steps` and `min_lr_ratio`.
+        parallel: FSDP2, FP8, activation checkpointing and compile, applied in `configure_model` along
+            `sharding_plan` (zoo.tasks.sharding).
     """
+
+    # Built on `meta` under parallel.fsdp (zoo.meta_init): its construction replays bit for bit
+    # (tests/test_sharding_plans.py).
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -226,9 +235,11 @@ class VisualTokenizerTraining(L.LightningModule):
         lpips_torch_home: str | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        parallel: Parallelism = Parallelism(),
     ) -> None:
         super().__init__()
         save_config_hyperparameters(self)  # configs, never pickled modules (zoo.config)
+        self.parallel = parallel
         cls = VisualTokenizerTraining
         refuse_replaced_arguments(cls, "optimizer", optimizer, {"lr": lr, "betas": betas})
         schedule = {"warmup_steps": warmup_steps, "min_lr_ratio": min_lr_ratio}
@@ -253,6 +264,19 @@ class VisualTokenizerTraining(L.LightningModule):
         object.__setattr__(self, "rfid", None if rfid_weights is None else rfid_metric(rfid_weights))
         lpips = None if lpips_torch_home is None else lpips_metric(lpips_torch_home)
         object.__setattr__(self, "lpips", lpips)
+
+    def sharding_plan(self) -> ShardingPlan:
+        """A conv tokenizer's blocks are the layers of its encoder and decoder (residual blocks, strided and
+        upsampling convs, the stem, the output conv and norm): each sharded on its own. The temporal down- and
+        upsamplers, each quantiser phi and the discriminator are groups; the perceptual network is frozen
+        (replicated). No linear layer: FP8 changes nothing here."""
+        tok = self.tokenizer
+        groups = [tok.encoder, tok.decoder, tok.time_down, tok.time_up, *tok.quantizer.phis]
+        if self.adversarial is not None:
+            groups.append(self.adversarial.discriminator)
+        frozen = (self.perceptual,) if self.perceptual is not None else ()
+        blocks = with_parameters([*tok.encoder, *tok.decoder])
+        return ShardingPlan(blocks=blocks, groups=with_parameters(groups), frozen=frozen)
 
     # --- setup ---------------------------------------------------------------------------------------
 
@@ -409,6 +433,7 @@ class VisualTokenizerTraining(L.LightningModule):
         return lightning_optimizers(optimizer, schedule, self.warmup_steps, total, self.min_lr_ratio)
 
     def on_fit_end(self) -> None:
+        tokenizer = plain_component(self.tokenizer)  # gathers FSDP2 shards: every rank calls
         if self.trainer.is_global_zero:
-            weights = save_weights_file(self.tokenizer, Path(self.trainer.default_root_dir) / WEIGHTS_NAME)
-            write_component_folder(self.trainer, self.tokenizer, weights)
+            weights = save_weights_file(tokenizer, Path(self.trainer.default_root_dir) / WEIGHTS_NAME)
+            write_component_folder(self.trainer, tokenizer, weights)
