@@ -7,7 +7,7 @@ two identical gradients is the single-process gradient, so any difference comes 
 The distributed runs execute this file as a script (`python tests/test_stage_sharding.py OUT.json STAGE...`):
 Lightning's launcher starts the second rank by re-running it.
 
-The 2D visual tokenizer runs in the default test run (a few seconds); the other stages are slow tests.
+Every stage's run is a slow test (`make test-slow`): two processes start, train and compare for each.
 Beside the losses: each rank holds about half of each stage's trained parameters, FSDP2 + FP8 trains the
 stages with FP8-eligible linears close to full precision, the component file a fit writes holds the
 gathered weights, and the tasks built on `meta` (`meta_init_with_fsdp`) start from the single-process weights.
@@ -196,6 +196,7 @@ def check_stage(stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         assert fp8 == pytest.approx(single["losses"], rel=FP8_RTOL)
 
 
+@pytest.mark.slow  # ~70 s of process start-up and training; make test is near its 15-minute budget
 def test_the_2d_visual_tokenizer_trains_sharded_on_two_processes_as_on_one(tmp_path, monkeypatch):
     check_stage("visual_2d", tmp_path, monkeypatch)
 
