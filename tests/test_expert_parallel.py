@@ -15,13 +15,13 @@ OUT_DIR PORT`), one process per rank, as torchrun would start them.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 from safetensors.torch import load_file, save_file
 
 from zoo.expert_parallel import expert_major_order, inverse_permutation
@@ -156,12 +156,6 @@ def rank_main(mode: str, rank: int, world: int, out_dir: str, port: int) -> None
         (layer_rank if mode == "layer" else model_rank)(rank, out_dir)
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(mode: str, world: int, out_dir: Path) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -173,12 +173,6 @@ def rank_main(rank: int, out_dir: str, port: int) -> None:
             (Path(out_dir) / "shards.json").write_text(json.dumps({"local_fraction": local / total}))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_fsdp2_ranks_materialise_the_single_process_weights_from_a_deferred_build(tokenizer_file, tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import torch
 import uvicorn
 from code_shard_helpers import audio_bytes, image_bytes
 from PIL import Image
+from ports import free_port
 from test_serve_engine import tiny_pipeline
 
 from zoo.hub import save_pretrained
@@ -38,12 +38,6 @@ from zoo.serve.command import model_name
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Running:
