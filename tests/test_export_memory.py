@@ -84,9 +84,10 @@ def exported_copies(tmp_path: Path, mode: str) -> tuple[float, object]:
     return copies, model
 
 
+@pytest.mark.slow  # ~10 s: a fresh process importing torch and the zoo; make test is near its 15 minutes
 def test_zoo_export_of_a_distributed_checkpoint_holds_one_copy_of_the_weights_and_writes_the_trained_model(
     tmp_path,
-):  # ~5 s (more on a loaded machine): one fresh process importing torch and the zoo
+):
     from safetensors.torch import load_file
 
     from zoo.hub import from_pretrained

@@ -54,8 +54,9 @@ def test_the_grid_covers_every_overlay_and_every_stage_task():
     }  # fmt: skip
 
 
-# ddp.yaml and single.yaml set `parallel` through the same key as the FSDP overlays: the slow run builds them.
-SLOW_OVERLAYS = ("ddp", "single")
+# ddp.yaml and single.yaml set `parallel` through the same key as the FSDP overlays, and fsdp_fp8.yaml through
+# the same one as fsdp.yaml: the slow run builds them (make test is near its 15-minute budget).
+SLOW_OVERLAYS = ("ddp", "single", "fsdp_fp8")
 GRID_OVERLAYS = [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW_OVERLAYS else p for p in OVERLAYS]
 
 
