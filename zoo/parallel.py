@@ -141,7 +141,12 @@ def fp8_module_filter(model: UnifiedModel):  # noqa: ANN201 (torchao's (module, 
     """The `module_filter_fn` of `convert_to_float8_training`: an `nn.Linear` whose in and out features
     are multiples of 16 and that is not in `high_precision_linears`. Embeddings are not linears, and the
     routed experts are stacked `nn.Parameter`s multiplied by grouped GEMMs (`fp8_experts` converts those)."""
-    keep = high_precision_linears(model)
+    return fp8_linears_outside(high_precision_linears(model))
+
+
+def fp8_linears_outside(keep: set[nn.Module]):  # noqa: ANN201 (torchao's (module, fqn) -> bool callable)
+    """Admit a plain `nn.Linear` (not a subclass, such as `nn.MultiheadAttention`'s output projection) whose
+    in and out features are multiples of 16, unless it is in `keep`: the one rule of every FP8 filter."""
 
     def admit(module: nn.Module, fqn: str) -> bool:
         return (
@@ -294,6 +299,7 @@ __all__ = [
     "full_state_dict",
     "materialization_device",
     "Parallelism",
+    "fp8_linears_outside",
     "fp8_module_filter",
     "gathered",
     "high_precision_linears",

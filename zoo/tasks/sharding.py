@@ -32,9 +32,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forwar
 
 from zoo.meta_init import deferred_plan, is_deferred, materialize
 from zoo.parallel import (
-    FP8_DIM_MULTIPLE,
     Parallelism,
     data_parallel_mesh,
+    fp8_linears_outside,
     full_state_dict,
     materialization_device,
 )
@@ -75,17 +75,7 @@ def fp8_stage_filter(plan: ShardingPlan):  # noqa: ANN201 (torchao's (module, fq
     """The `module_filter_fn` of `convert_to_float8_training` for a stage: a plain `nn.Linear` with both dims
     multiples of 16, outside the plan's high-precision and frozen modules. Subclasses of `nn.Linear`
     (`nn.MultiheadAttention`'s output projection) are left alone, as in `zoo.parallel.fp8_module_filter`."""
-    keep = _descendants(plan.high_precision) | _descendants(plan.frozen)
-
-    def admit(module: nn.Module, fqn: str) -> bool:
-        return (
-            type(module) is nn.Linear
-            and module not in keep
-            and module.in_features % FP8_DIM_MULTIPLE == 0
-            and module.out_features % FP8_DIM_MULTIPLE == 0
-        )
-
-    return admit
+    return fp8_linears_outside(_descendants(plan.high_precision) | _descendants(plan.frozen))
 
 
 def _parent_and_name(root: nn.Module, module: nn.Module) -> tuple[nn.Module, str]:
