@@ -11,6 +11,11 @@ the same way on the same scenes:
     text_to_audio                   verify_speech of the decoded generation, and the share of the caption's
                                     words read back in place (word_accuracy); baseline: random codes
 
+Every generation task also reports its ceiling (`ceiling_exact`, `ceiling_attribute_accuracy`, for speech
+`ceiling_word_accuracy`): the same verifier on the scenes' true media encoded and decoded by the frozen
+tokenizer. A model draws codes, so it cannot score above what its tokenizer reconstructs; a low ceiling says
+the tokenizer, not the model, needs the budget (docs/results.md, issue 19).
+
 `write_gallery` saves every sample (PNG, GIF, WAV) with a Markdown page that shows each beside its
 prompt and verifier score.
 
@@ -195,6 +200,8 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
         baseline = list(decode_visual(model, _random_codes(model, len(scenes), frames, cpu_generator)).cpu())
     scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
     base = [_verify(task, m, s, data) for m, s in zip(baseline, scenes, strict=True)]
+    ceiling = _reconstructions(model, data, task, scenes)
+    result.metrics.update(_ceiling_metrics(task, ceiling, scenes, data))
     world = data.motion_world if task.media == "video" else data.world
     for scene, m, score in zip(scenes, media, scores, strict=True):
         result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
@@ -207,6 +214,33 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
             if key == "word_accuracy":
                 low, high = interval95(words)
                 result.metrics.update({f"{task}/{key}_ci95_low": low, f"{task}/{key}_ci95_high": high})
+
+
+def _reconstructions(model: UnifiedModel, data: ShapesMultimodalDataModule, task: Task,
+                     scenes: list[Scene]) -> list[Tensor]:
+    """The scenes' true media through the frozen tokenizer (encode, decode): the best a generation can be
+    scored, since the model only ever draws codes the tokenizer decodes."""
+    if task == Task.TEXT_TO_AUDIO:
+        world = data.world
+        waves = [data.speech(world.caption(s), "val", i, 0) for i, s in enumerate(scenes)]
+        codec = model.ncp.codec
+        return [codec.decode(codec.encode(w[None].float()))[0].cpu() for w in waves]
+    render = data.video if task == Task.TEXT_TO_VIDEO else data.image
+    pixels = torch.stack([render(s) for s in scenes]).to(next(model.parameters()).device)
+    return list(decode_visual(model, model.nfsp.tokenizer.encode(pixels)).cpu())
+
+
+def _ceiling_metrics(task: Task, media: list[Tensor], scenes: list[Scene],
+                     data: ShapesMultimodalDataModule) -> dict[str, float]:
+    """`task/ceiling_*`: the verifier's scores of the tokenizer's reconstructions (`_reconstructions`)."""
+    scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
+    metrics = {f"{task}/ceiling_exact": _mean(scores, "exact"),
+               f"{task}/ceiling_attribute_accuracy": _mean(scores, "attribute_accuracy")}
+    if task == Task.TEXT_TO_AUDIO:
+        said = [data.world.caption(s) for s in scenes]
+        words = [word_accuracy(c, read_speech(w, SAMPLE_RATE)) for c, w in zip(said, media, strict=True)]
+        metrics[f"{task}/ceiling_word_accuracy"] = sum(words) / max(len(words), 1)
+    return metrics
 
 
 def _refine_samples(task: Task, refinement: ImageRefinement, result: Evaluation) -> None:
@@ -349,6 +383,14 @@ def _cell(m: dict[str, float], key: str) -> str:
     return f"{m[key]:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
 
 
+def _ceiling(m: dict[str, float], p: str) -> str:
+    """The tokenizer's ceiling cell of a generation task: `exact / attributes[ / words]`; empty otherwise."""
+    if f"{p}/ceiling_exact" not in m:
+        return ""
+    cell = f"{m[f'{p}/ceiling_exact']:.2f} / {m[f'{p}/ceiling_attribute_accuracy']:.2f}"
+    return cell + (f" / {m[f'{p}/ceiling_word_accuracy']:.2f}" if f"{p}/ceiling_word_accuracy" in m else "")
+
+
 def _verdict(score: CaptionScore | None) -> str:
     """A verifier score as the gallery's sample rows say it."""
     if score is None or not score.parsed:
@@ -369,8 +411,13 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
     lines = [f"# {title}", "", "![every task at a glance](overview.png)", "",
              "Scores with 95% intervals (Wilson's for exact); another split than the pictures' is prefixed.",
              "",
-             "| task | exact | attributes | words in place | baseline exact | baseline attributes |",
-             "|---|---|---|---|---|---|"]
+             "The tokenizer's ceiling is the verifier's score of the true media encoded and decoded by the",
+             "frozen tokenizer or codec (exact / attributes, and words for speech): no generation can score",
+             "above it.",
+             "",
+             "| task | exact | attributes | words in place | baseline exact | baseline attributes "
+             "| tokenizer's ceiling |",
+             "|---|---|---|---|---|---|---|"]
     tasks = sorted({k.split("/")[0] for k in m if f"{k.split('/')[0]}/exact" in m})
     prefixes = [""] + sorted({k.split("/")[0] + "/" for k in m if k.count("/") >= 2})
     for prefix in prefixes:
@@ -382,12 +429,14 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
                 if f"{p}/word_accuracy" in m else ""
             lines.append(
                 f"| {p} | {_cell(m, f'{p}/exact')} | {_cell(m, f'{p}/attribute_accuracy')} | {words} | "
-                f"{m[f'{p}/baseline_exact']:.2f} | {m[f'{p}/baseline_attribute_accuracy']:.2f} |"
+                f"{m[f'{p}/baseline_exact']:.2f} | {m[f'{p}/baseline_attribute_accuracy']:.2f} | "
+                f"{_ceiling(m, p)} |"
             )
             if f"{p}/refined_exact" in m:  # the same codes through the diffusion refiner
                 lines.append(
                     f"| {p} refined (PSNR {m[f'{p}/psnr']:.2f} -> {m[f'{p}/refined_psnr']:.2f} dB) | "
-                    f"{m[f'{p}/refined_exact']:.2f} | {m[f'{p}/refined_attribute_accuracy']:.2f} |  |  |  |"
+                    f"{m[f'{p}/refined_exact']:.2f} | {m[f'{p}/refined_attribute_accuracy']:.2f} "
+                    "|  |  |  |  |"
                 )
     if evaluation.samples:
         overview_figure(evaluation.samples, m, directory / "overview.png", title=title)
