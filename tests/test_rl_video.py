@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 import torch
 
+from zoo.batch import Modality
 from zoo.datamodules.sequence import MediaLayout, SequenceBuilder, TextSegment, VisualSegment
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.media_generation import generate_visual
 from zoo.models.nfsp import flatten_scales
 from zoo.models.unified import UnifiedModel
 from zoo.rl.data_shapes import ShapesRLDataModule
+from zoo.rl.losses import MismatchBounds, PolicyLossConfig
 from zoo.rl.prompts import PromptLayout
 from zoo.rl.records import Query, Rollout
 from zoo.rl.responses import (
@@ -36,7 +38,7 @@ from zoo.rl.responses import (
 from zoo.rl.rollout import InferenceEngine, routing_agreement, sequence_logprobs
 from zoo.rl.scoring import Scorer, ScoringConfig, respond
 from zoo.rl.task import RLTask, RolloutConfig
-from zoo.rl.update import OptimConfig, UpdateConfig
+from zoo.rl.update import OptimConfig, PolicyUpdate, UpdateConfig
 from zoo.rl.verifiers import verifier_for, verify_shapes_video
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer
@@ -212,6 +214,19 @@ def test_the_scorer_rewards_a_video_rollout_with_verify_shapes_video_of_its_deco
     video = VideoResponse()
     expected = [verify_shapes_video(r.query, video.verifier_input(model, r, data)) for r in rollouts]
     assert rewards == expected == [r.reward for r in rollouts] and scorer.errors == 0
+
+
+def test_a_videos_codes_are_video_decisions_for_the_per_modality_icepop_bounds(model, data):
+    queries = data.next_queries(1)
+    image_prompt = [model.vocab.bos_id, 20, model.vocab.special("<boi>")]
+    engine = InferenceEngine(model, seed=5, video_frames=5)
+    video, image = engine.generate([data.encode_prompt(queries[0]), image_prompt], queries * 2)
+    update = PolicyUpdate(model, PolicyLossConfig(), UpdateConfig(), temperature=1.0)
+    modality = update.modalities(video, data.token_modality)
+    assert modality == [int(Modality.VIDEO)] * CODES
+    assert update.modalities(image, data.token_modality) == [int(Modality.IMAGE)] * 21
+    alpha, beta = MismatchBounds(video=(0.25, 2.0)).tensors(torch.tensor(modality))  # the video bounds apply
+    assert alpha.unique().tolist() == [0.25] and beta.unique().tolist() == [2.0]
 
 
 # --- RLTask ------------------------------------------------------------------------------------------

@@ -142,6 +142,11 @@ class ResponseKind:
     def verifier_input(self, model: UnifiedModel, rollout: Rollout, source: object) -> object:
         raise NotImplementedError
 
+    def loss_modalities(self, by_id: list[int]) -> list[int]:
+        """The `Modality` of each decision for the loss (per-modality IcePop bounds), given the one its id
+        says (`QueryDataModule.token_modality`: specials count as text)."""
+        return by_id
+
     def respond(
         self, model: UnifiedModel, prompts: list, decode: Callable[[list[int]], str], max_new_tokens: int,
         sampler: Sampler, lengths: MediaLengths,
@@ -314,6 +319,11 @@ class VideoResponse(ImageResponse):
 
     def latent_frames(self, model: UnifiedModel, lengths: MediaLengths) -> int:
         return model.nfsp.tokenizer.latent_frames(lengths.video_frames)
+
+    def loss_modalities(self, by_id: list[int]) -> list[int]:
+        # Images and videos share the visual ids: a video's codes are VIDEO decisions all the same.
+        image, video = int(Modality.IMAGE), int(Modality.VIDEO)
+        return [video if m == image else m for m in by_id]
 
     @torch.no_grad()
     def verifier_input(self, model: UnifiedModel, rollout: Rollout, source: object) -> object:
