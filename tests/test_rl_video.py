@@ -16,6 +16,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from zoo.batch import Modality
 from zoo.datamodules.sequence import MediaLayout, SequenceBuilder, TextSegment, VisualSegment
@@ -275,3 +276,58 @@ def test_a_rollout_video_length_other_than_the_datas_clips_is_refused(tmp_path: 
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"rollout.video_frames=3 but the datamodule's clips have .*=5"):
         trainer.fit(task, datamodule=data)
+
+
+# --- the config --------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+VIDEO_RL = REPO / "configs" / "rl" / "grpo_video.yaml"
+VIDEO_DEMO = REPO / "configs" / "demo" / "video.yaml"
+
+
+def model_section(path: Path) -> dict:
+    """The unified model a config builds, without the file its tokenizer's weights come from (init_from
+    brings them to RL)."""
+    model = yaml.safe_load(path.read_text())["model"]["init_args"]["model"]
+    model["init_args"]["visual_tokenizer"]["init_args"].pop("weights", None)
+    return model
+
+
+def test_the_video_rl_config_starts_from_the_video_demos_checkpoint_and_architecture():
+    config = yaml.safe_load(VIDEO_RL.read_text())
+    init_args = config["model"]["init_args"]
+    assert init_args["init_from"] == "runs/demo/video/latest/checkpoints/last.ckpt"
+    assert config["data"]["init_args"]["tasks"] == ["text_to_video", "video_to_text"]
+    assert init_args["rollout"]["video_frames"] is None  # the datamodule's clips
+    if not VIDEO_DEMO.is_file():
+        pytest.skip("configs/demo/video.yaml (the video demo) is not in this checkout")
+    demo = yaml.safe_load(VIDEO_DEMO.read_text())
+    assert demo["trainer"]["default_root_dir"] == "runs/demo/video"
+    assert model_section(VIDEO_RL) == model_section(VIDEO_DEMO), "init_from would refuse the demo's weights"
+    assert config["data"]["init_args"]["video_frames"] == demo["data"]["init_args"]["video_frames"]
+
+
+@pytest.mark.slow
+def test_the_video_rl_config_runs_two_grpo_steps_through_zoo_fit(tmp_path: Path, monkeypatch):
+    """The config as `zoo fit` runs it (fresh weights in place of the demo's, tiny batches): about 30 s."""
+    from zoo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["zoo"])
+    short = {
+        "trainer": {
+            "max_steps": 2, "val_check_interval": 2, "limit_val_batches": 1, "enable_progress_bar": False,
+            "callbacks": [{"class_path": "zoo.tasks.checkpointing.ZooCheckpoint",
+                           "init_args": {"save_last": True, "every_n_train_steps": 2}}],
+        },
+        "model": {"init_args": {
+            "init_from": None, "update": {"batch_size": 2, "group_size": 2, "micro_batch_size": 4},
+            "rollout": {"max_new_tokens": 8}, "scoring": {"val_max_new_tokens": 8},
+        }},
+        "data": {"init_args": {"train_size": 8, "heldout_size": 2, "val_batch_size": 2}},
+    }  # fmt: skip
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump(short))
+    main(["fit", "--config", str(VIDEO_RL), "--config", str(tmp_path / "short.yaml")])
+    last = tmp_path / "runs/rl_grpo_video/latest/checkpoints/last.ckpt"
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["global_step"] == 2 and state["rl_state"]["version"] == 2
