@@ -18,6 +18,8 @@ deltas, each arm's validation curves, timings. `--plot docs/img` draws docs/img/
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --plot docs/img   # the documented runs
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --tasks text_to_image --plot docs/img \
         --figure rl_shapes_image.png
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rl_shapes.py --config configs/rl/grpo_video.yaml \
+        --tasks text_to_video --warm-start runs/demo/video/latest/checkpoints/last.ckpt   # video responses
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, proves nothing")
     p.add_argument("--warm-start", default=str(DEMO), help="a UnifiedPretraining checkpoint (make demo's)")
     p.add_argument("--tasks", default="image_to_text,audio_to_text", help="ShapesRLDataModule tasks")
+    p.add_argument("--config", default=str(RL_CONFIG), help="the RL config (grpo_video.yaml: video tasks)")
     p.add_argument("--arms", default="grpo,control", help="comma list of grpo and control")
     p.add_argument("--rl-steps", type=int, default=None, help="RL steps per arm (default 150; quick 4)")
     p.add_argument("--eval-queries", type=int, default=None, help="held-out queries (default 256; quick 8)")
@@ -52,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="/tmp/rl_shapes", help="working directory (logs, policies)")
     p.add_argument("--reuse", action="store_true", help="score the policies already in --out; no training")
     p.add_argument("--seed", type=int, default=0, help="the RL runs' seed_everything")
+    p.add_argument("--batch-size", type=int, default=None, help="queries per RL step (default: the config's)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot", default=None, help="directory for the figure")
     p.add_argument("--figure", default="rl_shapes.png", help="the figure's file name")
@@ -66,9 +70,12 @@ def rl_run(args: argparse.Namespace, arm: str, out: Path) -> tuple[object, float
     from zoo.cli import ZooCLI
 
     out.mkdir(parents=True, exist_ok=True)
-    model_args: dict[str, object] = {"init_from": args.warm_start, "permute_rewards": arm == "control"}
+    update: dict[str, object] = {"permute_rewards": arm == "control"}
     if args.quick:
-        model_args.update(batch_size=2, group_size=4)
+        update.update(batch_size=2, group_size=4)
+    if args.batch_size:
+        update["batch_size"] = args.batch_size
+    model_args: dict[str, object] = {"init_from": args.warm_start, "update": update}
     queries = args.eval_queries
     overlay = {
         "seed_everything": args.seed,
@@ -93,7 +100,7 @@ def rl_run(args: argparse.Namespace, arm: str, out: Path) -> tuple[object, float
     path = out / "rl.yaml"
     path.write_text(json.dumps(overlay))
     begin = time.perf_counter()
-    cli = ZooCLI(args=["fit", "--config", str(RL_CONFIG), "--config", str(path)])
+    cli = ZooCLI(args=["fit", "--config", args.config, "--config", str(path)])
     return cli.model.model.eval(), time.perf_counter() - begin
 
 
@@ -121,12 +128,13 @@ def score(model, data, queries: list, samples: int) -> dict[str, list[float]]:
     for start in range(0, len(queries), 64):
         chunk = queries[start : start + 64]
         prompts = [data.base_prompt(q) for q in chunk]
-        outputs = respond(model, prompts, data.decode, 48, temperature=0.0)
+        clips = {"video_frames": data.video_frames}  # clips of the data's length (caption_to_video)
+        outputs = respond(model, prompts, data.decode, 48, temperature=0.0, **clips)
         greedy += [safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)]
         draws = []
         for k in range(samples):
             generator = torch.Generator().manual_seed(1000 * start + k)
-            outputs = respond(model, prompts, data.decode, 48, 1.0, generator=generator)
+            outputs = respond(model, prompts, data.decode, 48, 1.0, generator=generator, **clips)
             draws.append([safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)])
         sampled += [sum(d[i] for d in draws) / samples for i in range(len(chunk))]
     return {"greedy": greedy, "sampled": sampled}

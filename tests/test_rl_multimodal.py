@@ -121,7 +121,7 @@ def test_caption_queries_are_seeded_disjoint_and_prompt_with_the_scenes_media(wa
     with pytest.raises(TypeError, match="base_prompt"):
         data.base_prompt_ids(train[0])
     with pytest.raises(ValueError, match="tasks must be among"):
-        make_data(model, tasks=("text_to_video",))  # video generation is not an RL environment yet
+        make_data(model, tasks=("text_to_smell",))
     with pytest.raises(ValueError, match="heldout_split"):
         make_data(model, heldout_split="train")
 

@@ -11,7 +11,13 @@ sys.path.insert(0, str(Path(__file__).parent / "golden"))
 from make_generations import media_model, text_model  # noqa: E402
 
 from zoo.datamodules.sequence import TextSegment  # noqa: E402
-from zoo.rl.responses import ImageResponse, SpeechResponse, TextResponse, response_kind  # noqa: E402
+from zoo.rl.responses import (  # noqa: E402
+    ImageResponse,
+    MediaLengths,
+    SpeechResponse,
+    TextResponse,
+    response_kind,
+)
 from zoo.tokenizers.vocab import UnifiedVocab  # noqa: E402
 
 
@@ -34,10 +40,10 @@ def test_the_last_prompt_id_asks_for_an_image_or_speech_when_the_model_can_make_
 
 def test_an_image_is_whole_or_nothing_and_speech_takes_one_position_a_frame(model):
     image, speech, text = ImageResponse(), SpeechResponse(), TextResponse()
-    codes = model.nfsp.tokens_per_frame
-    assert image.budget(model, tokens=4, frames=9, room=codes) == codes
-    assert image.budget(model, tokens=4, frames=9, room=codes - 1) == 0
-    assert speech.budget(model, tokens=4, frames=9, room=5) == 5 and text.budget(model, 4, 9, 5) == 4
+    codes, nine = model.nfsp.tokens_per_frame, MediaLengths(audio_frames=9)
+    assert image.budget(model, tokens=4, lengths=nine, room=codes) == codes
+    assert image.budget(model, tokens=4, lengths=nine, room=codes - 1) == 0
+    assert speech.budget(model, tokens=4, lengths=nine, room=5) == 5 and text.budget(model, 4, nine, 5) == 4
     frames = torch.tensor([[3, 0, 7, 255], [1, 2, 3, 4]])
     said = model.vocab.audio_ids(frames).flatten().tolist()
     ended = said + [model.vocab.special("<eoa>")]  # END is a decision, not a position

@@ -7,10 +7,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from zoo.cli import ZooCLI
 from zoo.config import to_config
 from zoo.datamodules.sequence import SequenceBuilder, TextSegment
+from zoo.hub import build_from_config
 from zoo.registry import create_model
 from zoo.rl.data import QueryDataModule, RLDataModule
 from zoo.rl.hints import HintSchedule
@@ -298,9 +300,24 @@ def test_bad_rl_arguments_are_refused_by_name():
         RLTask(model, optim=OptimConfig(frozen=("text_embedding",)))  # no parameter's prefix (text_embed is)
 
 
+def provide_starting_checkpoint(path: Path, run_dir: Path) -> None:
+    """A config whose `init_from` names an earlier run's last.ckpt (configs/rl/grpo_video.yaml: the video
+    demo's) builds as it would after that run: an untrained checkpoint of its model is written there."""
+    init_args = yaml.safe_load(path.read_text())["model"]["init_args"]
+    start = init_args.get("init_from")
+    if not isinstance(start, str):
+        return
+    model = build_from_config(init_args["model"])
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    (run_dir / start).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "hyper_parameters": {"model": to_config(model)}}, run_dir / start)
+
+
 @pytest.mark.parametrize("path", RL_CONFIGS, ids=lambda p: p.stem)
 def test_every_rl_config_builds_an_rl_task_and_its_datamodule(path: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["zoo"])
+    monkeypatch.chdir(tmp_path)  # a relative init_from is read from here
+    provide_starting_checkpoint(path, tmp_path)
     cli = ZooCLI(args=["--config", str(path), f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert isinstance(cli.model, RLTask) and isinstance(cli.datamodule, QueryDataModule)
     assert cli.datamodule.vocab == cli.model.model.vocab

@@ -55,7 +55,8 @@ def load_any_tokenizer(path: str | Path) -> TextTokenizer:
 class QueryDataModule(L.LightningDataModule):
     """RL queries: a training pool served in seeded order, held-out queries, the tokenizer; subclasses
     say what the queries are (`make_queries`), which texts a tokenizer is trained on (`training_texts`)
-    and, for prompts with media, what the policy sees (`base_prompt`, `encode_prompt`).
+    and, for prompts with media, what the policy sees (`base_prompt`, `encode_prompt`), and, where they
+    ask for video, how many frames a clip has (`video_frames`; None: the data holds no clips).
 
     Args:
         vocab: the model's unified vocabulary.
@@ -86,6 +87,7 @@ class QueryDataModule(L.LightningDataModule):
         if steps_per_epoch < 1 or val_batch_size < 1:
             raise ValueError("steps_per_epoch and val_batch_size must be >= 1")
         self.vocab = vocab
+        self.video_frames: int | None = None
         self.train_size, self.heldout_size, self.seed = train_size, heldout_size, seed
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
         self.steps_per_epoch, self.val_batch_size = steps_per_epoch, val_batch_size

@@ -1,4 +1,5 @@
-"""ShapesWorld as RL environments: image, clip or speech to caption, and caption to image (issue 5).
+"""ShapesWorld as RL environments: image, clip or speech to caption, caption to image, clip or speech
+(issues 5 and 18).
 
 `ShapesRLDataModule` serves, per task:
 
@@ -9,6 +10,10 @@
 - generation ("text_to_image"): the prompt is `<bos> caption <boi>`; the policy draws the image by NFSP
   (`zoo.rl.rollout`), rewarded with the attribute accuracy of what `zoo.world.render.verify_image` reads
   back from the decoded pixels (`verify_shapes_image`);
+- video ("text_to_video", issue 18): the prompt is `<bos> caption <bov>` with a caption of a scene that
+  moves (the clips of "video_to_text"); the policy draws `video_frames` frames by NFSP over latent frames
+  with the causal 3D tokenizer, rewarded with the attribute accuracy, motion included, of what
+  `zoo.world.render.verify_video` reads back from the decoded frames (`verify_shapes_video`);
 - speech ("text_to_audio"): the prompt is `<bos> caption <boa>`; the policy speaks by NCP, rewarded with
   the share of the caption's words `zoo.world.speech.read_speech` hears in place in the decoded waveform
   (`verify_shapes_speech_words`: graded, where a whole scene read back from tiny-model speech is rare).
@@ -19,7 +24,8 @@ batch mixes tasks; the router is never told which modality is which.
 The query's `answer` and `solution` are the reference caption (the verifiers parse the scene from it;
 AHRL hints, for captions only, are its prefixes); `difficulty` is the number of objects; `task` names
 the verifier ("image_caption", "speech_caption", "video_caption", "caption_to_image",
-"caption_to_speech") so that validation reports each apart.
+"caption_to_video", "caption_to_speech") so that validation reports each apart. The permuted-reward
+control (`UpdateConfig.permute_rewards`) applies to every task alike.
 """
 
 from __future__ import annotations
@@ -38,23 +44,27 @@ TASKS = {
     Task.AUDIO_TO_TEXT: "speech_caption",
     Task.VIDEO_TO_TEXT: "video_caption",
     Task.TEXT_TO_IMAGE: "caption_to_image",
+    Task.TEXT_TO_VIDEO: "caption_to_video",
     Task.TEXT_TO_AUDIO: "caption_to_speech",
 }
+# Tasks whose scenes move (their captions say how): the clips, read or drawn.
+MOVING = (Task.VIDEO_TO_TEXT, Task.TEXT_TO_VIDEO)
 _PROMPT_CACHE = 4096  # prompts kept (rendered speech is ~100 KB a prompt)
 
 
 class ShapesRLDataModule(QueryDataModule):
-    """ShapesWorld RL queries: media to caption and caption to image (see the module docstring).
+    """ShapesWorld RL queries: media to caption and caption to media (see the module docstring).
 
     Args:
-        tasks: among "image_to_text", "audio_to_text", "video_to_text", "text_to_image" and
-            "text_to_audio"; query i of a split is task i mod len(tasks), so each has an equal share of
+        tasks: among "image_to_text", "audio_to_text", "video_to_text", "text_to_image", "text_to_video"
+            and "text_to_audio"; query i of a split is task i mod len(tasks), so each has an equal share of
             training and held-out queries.
         vocab: the model's unified vocabulary.
         layout: as the model was pretrained (only `video_frames` is checked against its temporal stride;
             the engine lays prompts out with the model's own tokenizers).
         image_size: rendered side in pixels (the visual tokenizer's input size).
-        video_frames: frames per clip (1 + temporal_stride * k).
+        video_frames: frames per clip (1 + temporal_stride * k), read or drawn (the RL engine draws
+            video responses of this length: `RLTask.video_frames`).
         image_context: images go through the vision encoder (context group) instead of the visual tokenizer.
         world_seed: which ShapesWorld (as in pretraining: the demo's is 0).
         min_objects: fewest objects per scene.
@@ -93,11 +103,13 @@ class ShapesRLDataModule(QueryDataModule):
             raise ValueError(f"heldout_split must be 'val' or 'test', got {heldout_split!r}")
         self.task_names = tuple(tasks)
         self.heldout_split = heldout_split
+        self.video_frames = video_frames
         # The pretraining data module renders exactly what the model learnt from.
         self.scenes = ShapesMultimodalDataModule(
             vocab=vocab,
             layout=layout,
             text_to_image_weight=float(Task.TEXT_TO_IMAGE in tasks),
+            text_to_video_weight=float(Task.TEXT_TO_VIDEO in tasks),
             text_to_audio_weight=float(Task.TEXT_TO_AUDIO in tasks),
             image_to_text_weight=float(Task.IMAGE_TO_TEXT in tasks),
             video_to_text_weight=float(Task.VIDEO_TO_TEXT in tasks),
@@ -120,7 +132,7 @@ class ShapesRLDataModule(QueryDataModule):
         queries = []
         for index in range(n):
             task = self.task_names[index % len(self.task_names)]  # every modality an equal share
-            world = self.scenes.motion_world if task == Task.VIDEO_TO_TEXT else self.scenes.world
+            world = self.scenes.motion_world if task in MOVING else self.scenes.world
             scene = world.scene(index, world_split)
             caption = world.caption(scene)
             query_id = f"{task}/{world_split}/{index}"
@@ -134,7 +146,7 @@ class ShapesRLDataModule(QueryDataModule):
 
     def base_prompt(self, query: Query) -> Prompt:
         """Understanding: `<bos>` + the media of the query's scene, as a Document. Generation: the unified
-        ids of `<bos> caption <boi>` (or `<boa>`). Made once, then cached."""
+        ids of `<bos> caption <boi>` (or `<bov>`, `<boa>`). Made once, then cached."""
         if query.id not in self._prompts:
             task, split, index = query.id.split("/")
             if len(self._prompts) >= _PROMPT_CACHE:

@@ -50,6 +50,7 @@ class EngineSettings:
     max_batch: int | None = None
     seed: int = 0
     max_audio_frames: int = 128
+    video_frames: int | None = None  # frames of a video response (None: 1 + the tokenizer's temporal stride)
     # Takes part in text responses (the calculator of the tool-use stage); the Ray engines receive it with the
     # settings, so it must be picklable (the zoo's are plain objects over the tokenizer's encode and decode).
     environment: Environment | None = None
@@ -71,6 +72,7 @@ class EngineSettings:
             seed=self.seed if seed is None else seed,
             max_audio_frames=self.max_audio_frames,
             environment=self.environment,
+            video_frames=self.video_frames,
         )
 
 

@@ -1,26 +1,33 @@
-"""Response kinds: what the policy writes after a prompt (text, an image, speech) and everything RL does that
-depends on it, one class a kind (issue 15: dispatch on types, not on flags).
+"""Response kinds: what the policy writes after a prompt (text, an image, a video, speech) and everything RL
+does that depends on it, one class a kind (issue 15: dispatch on types, not on flags).
 
 `response_kind(model, prompt)` reads the kind from the prompt's last id: `<boi>` to a model with a visual
-tokenizer asks for an image, `<boa>` to one with an audio codec for speech; anything else, and any prompt
-with media (it is captioned), asks for text. Each kind owns, for its responses:
+tokenizer asks for an image, `<bov>` to one whose visual tokenizer is the causal 3D one for a video, `<boa>`
+to one with an audio codec for speech; anything else, and any prompt with media (it is captioned), asks for
+text. Each kind owns, for its responses:
 
-- `budget`: how much a rollout may generate (text: tokens; an image: all its codes or none; speech: frames);
+- `budget`: how much a rollout may generate (text: tokens; an image or a video: all its codes or none;
+  speech: frames), given the token budget and the `MediaLengths`;
 - `positions`: the positions the response takes in the sequence (one a token; one a frame for speech);
 - `generate` (media, `whole = True`): the whole response at admission, by the `zoo.models.media_generation`
   loops with a `Recording` of log-probs and routing; text instead continues in the engine's running batch;
 - `layout`: the trainer's document of prompt + response, as pretraining laid it out: an image is the
-  `VisualSegment` of its codes (one group a scale on the finest grid), speech the `AudioSegment` of its
-  frames; the closing `<eoi>` / `<eoa>` the layout writes is no decision of the policy and is masked out;
+  `VisualSegment` of its codes (one group a scale on the finest grid; a video's latent frames in order,
+  each its scales, t advancing a frame), speech the `AudioSegment` of its frames; the closing `<eoi>` /
+  `<eov>` / `<eoa>` the layout writes is no decision of the policy and is masked out;
 - `logprobs`: the trainer's log-probs of its decisions under `zoo.models.sampling.log_probs`, as the engine
-  scored them: text from `UnifiedModel.sampling_logits` at the position before each token, image codes
-  from the NFSP head where each code sits, speech from the NCP depth head per level of each frame, then END;
-- `verifier_input`: what a verifier reads (the completion text, decoded pixels, a decoded waveform);
+  scored them: text from `UnifiedModel.sampling_logits` at the position before each token, image and video
+  codes from the NFSP head where each code sits, speech from the NCP depth head per level of each frame,
+  then END;
+- `verifier_input`: what a verifier reads (the completion text, decoded pixels or frames, a decoded
+  waveform);
 - `respond`: what validation generates with the trained model (not the engine) for such prompts.
 
-An image response is its NFSP codes as unified visual ids, coarse scale to fine; a speech response is its
-frames, each frame's Q codes as unified audio ids (level q in its own block), then `<eoa>` when level 1
-sampled END (Q decisions a frame, one for END). A new kind (video responses, `<bov>`) is one more class in
+An image response is its NFSP codes as unified visual ids, coarse scale to fine; a video response is the
+codes of its latent frames one frame after the other (`MediaLengths.video_frames` frames decode from
+`1 + (video_frames - 1) / temporal_stride` latent frames), drawn as `zoo.inference.pipeline` draws a video;
+a speech response is its frames, each frame's Q codes as unified audio ids (level q in its own block), then
+`<eoa>` when level 1 sampled END (Q decisions a frame, one for END). A new kind is one more class in
 `RESPONSE_KINDS`.
 """
 
@@ -50,6 +57,35 @@ if TYPE_CHECKING:
 Scored = tuple[Tensor, Tensor | None]
 
 
+@dataclass(frozen=True)
+class MediaLengths:
+    """How long generated media are.
+
+    Args:
+        audio_frames: most codec frames of a speech response (it ends sooner when level 1 samples END).
+        video_frames: frames of a video response, `1 + temporal_stride * k` (all of them are drawn: the
+            clips the verifiers read have a fixed length, as the data's `video_frames`).
+    """
+
+    audio_frames: int = 128
+    video_frames: int = 5
+
+    def __post_init__(self) -> None:
+        if self.audio_frames < 1 or self.video_frames < 1:
+            raise ValueError(f"audio_frames and video_frames must be >= 1, got {self}")
+
+    @classmethod
+    def of(cls, model: UnifiedModel, audio_frames: int, video_frames: int | None) -> MediaLengths:
+        """`model`'s lengths: `video_frames` checked against its causal 3D tokenizer's stride (None:
+        `1 + temporal_stride`, two latent frames); a model that draws no video ignores it."""
+        tokenizer = model.visual_tokenizer
+        if tokenizer is None or not tokenizer.temporal:
+            return cls(audio_frames, video_frames or 1)
+        frames = video_frames or 1 + tokenizer.temporal_stride
+        tokenizer.latent_frames(frames)  # refuses a length that does not fit the stride, naming both
+        return cls(audio_frames, frames)
+
+
 @dataclass
 class Generated:
     """Responses a media kind generated whole: their unified ids, whether each ended by itself (else its
@@ -71,8 +107,8 @@ class ResponseKind:
     def asked_by(self, model: UnifiedModel, prompt_ids: list[int]) -> bool:
         raise NotImplementedError
 
-    def budget(self, model: UnifiedModel, tokens: int, frames: int, room: int) -> int:
-        """What a rollout may generate given a token budget, a frame budget and `room` positions left."""
+    def budget(self, model: UnifiedModel, tokens: int, lengths: MediaLengths, room: int) -> int:
+        """What a rollout may generate given a token budget, the media lengths and `room` positions left."""
         raise NotImplementedError
 
     def positions(self, model: UnifiedModel, response_ids: list[int]) -> int:
@@ -106,9 +142,14 @@ class ResponseKind:
     def verifier_input(self, model: UnifiedModel, rollout: Rollout, source: object) -> object:
         raise NotImplementedError
 
+    def loss_modalities(self, by_id: list[int]) -> list[int]:
+        """The `Modality` of each decision for the loss (per-modality IcePop bounds), given the one its id
+        says (`QueryDataModule.token_modality`: specials count as text)."""
+        return by_id
+
     def respond(
         self, model: UnifiedModel, prompts: list, decode: Callable[[list[int]], str], max_new_tokens: int,
-        sampler: Sampler, max_audio_frames: int,
+        sampler: Sampler, lengths: MediaLengths,
     ) -> list[object]:  # fmt: skip
         """What verifiers read of `model`'s responses to `prompts` (validation)."""
         raise NotImplementedError
@@ -143,7 +184,7 @@ class TextResponse(ResponseKind):
     def asked_by(self, model: UnifiedModel, prompt_ids: list[int]) -> bool:
         return True
 
-    def budget(self, model: UnifiedModel, tokens: int, frames: int, room: int) -> int:
+    def budget(self, model: UnifiedModel, tokens: int, lengths: MediaLengths, room: int) -> int:
         return min(tokens, room)
 
     def layout(
@@ -167,7 +208,7 @@ class TextResponse(ResponseKind):
 
     def respond(
         self, model: UnifiedModel, prompts: list, decode: Callable[[list[int]], str], max_new_tokens: int,
-        sampler: Sampler, max_audio_frames: int,
+        sampler: Sampler, lengths: MediaLengths,
     ) -> list[object]:  # fmt: skip
         if any(is_document(p) for p in prompts):
             documents = [p if is_document(p) else [TextSegment(p, predict=False)] for p in prompts]
@@ -188,12 +229,17 @@ class ImageResponse(ResponseKind):
     """An image (NFSP), asked for by a prompt ending with `<boi>`: whole or nothing, whatever the budget."""
 
     name, modality, whole = "image", Modality.IMAGE, True
+    opener: ClassVar[str] = "<boi>"
 
     def asked_by(self, model: UnifiedModel, prompt_ids: list[int]) -> bool:
-        return model.nfsp is not None and bool(prompt_ids) and prompt_ids[-1] == model.vocab.special("<boi>")
+        opens = bool(prompt_ids) and prompt_ids[-1] == model.vocab.special(self.opener)
+        return model.nfsp is not None and opens
 
-    def budget(self, model: UnifiedModel, tokens: int, frames: int, room: int) -> int:
-        codes = model.nfsp.tokens_per_frame
+    def latent_frames(self, model: UnifiedModel, lengths: MediaLengths) -> int:
+        return 1
+
+    def budget(self, model: UnifiedModel, tokens: int, lengths: MediaLengths, room: int) -> int:
+        codes = self.latent_frames(model, lengths) * model.nfsp.tokens_per_frame
         return codes if room >= codes else 0
 
     def generate(
@@ -204,29 +250,36 @@ class ImageResponse(ResponseKind):
         sampler: Sampler,
         recording: Recording,
     ) -> Generated:
-        codes = draw_visual(model, prompts, 1, sampler, recording=recording)
+        # A row's budget is the whole medium, the same for every row (rows without room never get here).
+        if len(set(budgets)) != 1:
+            raise ValueError(f"{self.name} responses are drawn whole: expected one budget, got {budgets}")
+        frames = budgets[0] // model.nfsp.tokens_per_frame
+        codes = draw_visual(model, prompts, frames, sampler, recording=recording)
         responses = model.vocab.visual_ids(flatten_scales(codes)).tolist()
-        steps = len(model.nfsp.scales)
+        steps = frames * len(model.nfsp.scales)
         return Generated(responses, [True] * len(prompts), steps, steps * len(prompts))
 
     def codes(self, model: UnifiedModel, response_ids: list[int]) -> list[Tensor]:
-        """An image response -> the tokenizer's codes per scale `[1, 1, s, s]`."""
-        return unflatten_scales(model.vocab.visual_codes(response_ids)[None], model.nfsp.scales, 1)
+        """A response -> the tokenizer's codes per scale `[1, latent frames, s, s]`."""
+        flat = model.vocab.visual_codes(response_ids)
+        return unflatten_scales(flat[None], model.nfsp.scales, len(flat) // model.nfsp.tokens_per_frame)
 
     def layout(
         self, model: UnifiedModel, document: Document | None, prompt_ids: list[int], response_ids: list[int]
     ) -> tuple[Document, bool]:
         if not response_ids:  # the prompt left no room: nothing was drawn
             return TEXT.layout(model, document, prompt_ids, response_ids)
-        # The VisualSegment writes the prompt's closing <boi> itself.
-        visual = VisualSegment(codes=model.vocab.visual_codes(response_ids))
+        # The VisualSegment writes the prompt's closing <boi> / <bov> itself.
+        video = self.modality == Modality.VIDEO
+        visual = VisualSegment(codes=model.vocab.visual_codes(response_ids), video=video)
         return [TextSegment(prompt_ids[:-1], predict=False), visual], True
 
     def logprobs(
         self, model: UnifiedModel, hidden: Tensor, rows: list[tuple[int, Rollout]], temperature: float,
         with_entropy: bool,
     ) -> list[Scored]:  # fmt: skip
-        # Code t sits at, and is predicted at, position P+t (from the coarser scales and the prompt).
+        # Code t sits at, and is predicted at, position P+t (from the coarser scales, the earlier frames and
+        # the prompt).
         codes = [model.vocab.visual_codes(r.response_ids).tolist() for _, r in rows]
         spans = [(row, ids, len(r.prompt_ids)) for (row, r), ids in zip(rows, codes, strict=True)]
         return _head_logprobs(model.nfsp.logits, hidden, spans, temperature, with_entropy)
@@ -237,16 +290,52 @@ class ImageResponse(ResponseKind):
         if not rollout.response_ids:
             size = model.visual_tokenizer.image_size
             return torch.full((3, size, size), -1.0).numpy()
+        return self.pixels(model, [self.codes(model, rollout.response_ids)])[0]
+
+    def pixels(self, model: UnifiedModel, codes: list[list[Tensor]]) -> list[object]:
+        """Decoded responses (each its codes per scale) as float numpy in [-1, 1], `[3, H, W]` an image."""
         device = next(model.parameters()).device
-        codes = [c.to(device) for c in self.codes(model, rollout.response_ids)]
-        return model.nfsp.decode(codes)[0].float().cpu().numpy()
+        joined = [torch.cat(scale).to(device) for scale in zip(*codes, strict=True)]
+        return list(model.nfsp.decode(joined).float().cpu().numpy())
 
     def respond(
         self, model: UnifiedModel, prompts: list, decode: Callable[[list[int]], str], max_new_tokens: int,
-        sampler: Sampler, max_audio_frames: int,
+        sampler: Sampler, lengths: MediaLengths,
     ) -> list[object]:  # fmt: skip
-        pixels = model.nfsp.decode(draw_visual(model, prompts, 1, sampler)).float().cpu().numpy()
-        return list(pixels)
+        codes = draw_visual(model, prompts, self.latent_frames(model, lengths), sampler)
+        return self.pixels(model, [codes])
+
+
+class VideoResponse(ImageResponse):
+    """A video (NFSP over latent frames, frame after frame, each its scales coarse to fine), asked for by a
+    prompt ending with `<bov>` to a model whose visual tokenizer is the causal 3D one: `lengths.video_frames`
+    frames, whole or nothing."""
+
+    name, modality = "video", Modality.VIDEO
+    opener = "<bov>"
+
+    def asked_by(self, model: UnifiedModel, prompt_ids: list[int]) -> bool:
+        return super().asked_by(model, prompt_ids) and bool(model.nfsp.tokenizer.temporal)
+
+    def latent_frames(self, model: UnifiedModel, lengths: MediaLengths) -> int:
+        return model.nfsp.tokenizer.latent_frames(lengths.video_frames)
+
+    def loss_modalities(self, by_id: list[int]) -> list[int]:
+        # Images and videos share the visual ids: a video's codes are VIDEO decisions all the same.
+        image, video = int(Modality.IMAGE), int(Modality.VIDEO)
+        return [video if m == image else m for m in by_id]
+
+    @torch.no_grad()
+    def verifier_input(self, model: UnifiedModel, rollout: Rollout, source: object) -> object:
+        """The frames (float `[3, T, H, W]` numpy in [-1, 1]); no codes (no room): one blank frame."""
+        if not rollout.response_ids:
+            size = model.visual_tokenizer.image_size
+            return torch.full((3, 1, size, size), -1.0).numpy()
+        return self.pixels(model, [self.codes(model, rollout.response_ids)])[0]
+
+    def pixels(self, model: UnifiedModel, codes: list[list[Tensor]]) -> list[object]:
+        # One latent frame decodes to one frame, which NFSP.decode gives as an image: a video all the same.
+        return [x if x.ndim == 4 else x[:, None] for x in super().pixels(model, codes)]
 
 
 class SpeechResponse(ResponseKind):
@@ -257,8 +346,8 @@ class SpeechResponse(ResponseKind):
     def asked_by(self, model: UnifiedModel, prompt_ids: list[int]) -> bool:
         return model.ncp is not None and bool(prompt_ids) and prompt_ids[-1] == model.vocab.special("<boa>")
 
-    def budget(self, model: UnifiedModel, tokens: int, frames: int, room: int) -> int:
-        return min(frames, room)
+    def budget(self, model: UnifiedModel, tokens: int, lengths: MediaLengths, room: int) -> int:
+        return min(lengths.audio_frames, room)
 
     def ended(self, model: UnifiedModel, response_ids: list[int]) -> bool:
         return bool(response_ids) and response_ids[-1] == model.vocab.special("<eoa>")
@@ -337,16 +426,16 @@ class SpeechResponse(ResponseKind):
 
     def respond(
         self, model: UnifiedModel, prompts: list, decode: Callable[[list[int]], str], max_new_tokens: int,
-        sampler: Sampler, max_audio_frames: int,
+        sampler: Sampler, lengths: MediaLengths,
     ) -> list[object]:  # fmt: skip
-        frames, _ = speak(model, prompts, [max_audio_frames] * len(prompts), sampler)
+        frames, _ = speak(model, prompts, [lengths.audio_frames] * len(prompts), sampler)
         waves = [model.ncp.decode(f[None]) if len(f) else torch.zeros(1, 0) for f in frames]
         return [wave[0].float().cpu().numpy() for wave in waves]
 
 
 TEXT = TextResponse()
 # The media kinds, in the order the engine generates them at admission (before text continues).
-RESPONSE_KINDS: tuple[ResponseKind, ...] = (ImageResponse(), SpeechResponse())
+RESPONSE_KINDS: tuple[ResponseKind, ...] = (ImageResponse(), VideoResponse(), SpeechResponse())
 
 
 def response_kind(model: UnifiedModel, prompt: Sequence) -> ResponseKind:
@@ -368,7 +457,7 @@ def rollout_batch(layout: PromptLayout, rows: Sequence[Row], left: bool) -> Grou
         seqs = [prompt + response for _, prompt, response in rows]
         return text_rows(seqs, model.vocab.pad_id, left, device)
     if left and any(media):
-        raise ValueError("image and speech responses are laid out for the trainer only (right padding)")
+        raise ValueError("media responses are laid out for the trainer only (right padding)")
     laid = [kind.layout(model, *row) for kind, row in zip(kinds, rows, strict=True)]
     length = max(layout.builder.length(document) for document, _ in laid)
     batch = layout.builder.layout_rows([[document] for document, _ in laid], length, left_pad=left)

@@ -17,8 +17,9 @@ a sample, one a step like any other token (same cache, same routing record), mar
 with l_inf 0.0; the loss leaves such tokens out (`zoo.rl.update`). Without an environment nothing changes.
 
 What a prompt asks for is its response kind's (`zoo.rl.responses`): text continues in the running batch;
-an image (NFSP, one step a scale) or speech (NCP, one step a frame, until END or `max_audio_frames`) is
-generated whole the step it is admitted, by the same loops as `zoo.models.media_generation`.
+an image or a video (NFSP, one step a scale of a latent frame; a video has `video_frames` frames) or speech
+(NCP, one step a frame, until END or `max_audio_frames`) is generated whole the step it is admitted, by the
+same loops as `zoo.models.media_generation`.
 
 l_inf is `log_softmax(logits / temperature)` of the sampled token (`zoo.models.sampling`): the engine's
 temperature-scaled distribution *before* top-k/top-p filtering (vLLM's raw log-probs; temperature 0 =
@@ -45,7 +46,7 @@ from zoo.models.unified import UnifiedModel
 from zoo.rl.policy import PolicyCopy, Precision, fp8_round_trip, full_state_dict
 from zoo.rl.prompts import Prompt, PromptLayout, is_document
 from zoo.rl.records import Rollout
-from zoo.rl.responses import RESPONSE_KINDS, ResponseKind, response_kind, rollout_batch
+from zoo.rl.responses import RESPONSE_KINDS, MediaLengths, ResponseKind, response_kind, rollout_batch
 
 if TYPE_CHECKING:
     from zoo.rl.envs.protocol import Environment
@@ -123,6 +124,8 @@ class InferenceEngine(GeneratesToEnd):
         max_audio_frames: most codec frames of a speech response (prompts ending with `<boa>`).
         environment: takes part in text responses (a tool answering calls; `zoo.rl.envs.protocol`); None:
             every token is sampled.
+        video_frames: frames of a video response (prompts ending with `<bov>` to a model with a causal 3D
+            tokenizer), `1 + temporal_stride * k`; None: `1 + temporal_stride` (two latent frames).
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class InferenceEngine(GeneratesToEnd):
         seed: int = 0,
         max_audio_frames: int = 128,
         environment: Environment | None = None,
+        video_frames: int | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -150,6 +154,7 @@ class InferenceEngine(GeneratesToEnd):
         self.max_audio_frames = max_audio_frames
         self.environment = environment
         self.policy = PolicyCopy(model, precision)
+        self.lengths = MediaLengths.of(self.model, max_audio_frames, video_frames)
         self.max_new_tokens = max_new_tokens
         self.record_routing, self.max_batch = record_routing, max_batch
         self.layout = PromptLayout(self.model)
@@ -253,7 +258,7 @@ class InferenceEngine(GeneratesToEnd):
             tokens = min(r.max_new_tokens or self.max_new_tokens, self.max_new_tokens)
             room = self.model.backbone.max_seq_len - len(r.prompt_ids)
             kind = response_kind(self.model, r.prompt_ids)
-            budget = kind.budget(self.model, tokens, self.max_audio_frames, room)
+            budget = kind.budget(self.model, tokens, self.lengths, room)
             routing: dict[int, list[Tensor]] = {}
             if self.record_routing:
                 old = r.routing or {}

@@ -23,7 +23,7 @@ from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.rl.prompts import Prompt, PromptLayout, is_document
 from zoo.rl.records import Rollout
-from zoo.rl.responses import RESPONSE_KINDS, TEXT, response_kind
+from zoo.rl.responses import RESPONSE_KINDS, TEXT, MediaLengths, response_kind
 from zoo.rl.verifiers import VerifierPool, verifier_for
 
 if TYPE_CHECKING:
@@ -132,13 +132,17 @@ def respond(
     generator: torch.Generator | None = None,
     max_audio_frames: int = 128,
     environment: Environment | None = None,
+    video_frames: int | None = None,
 ) -> list[object]:
     """What verifiers read from `model` (not an engine) for each prompt: the completion text (`decode` of
     the response ids) of unified-id or media prompts, the pixels (float `[3, H, W]` numpy) of prompts that
-    ask for an image (NFSP, no guidance), the waveform (float numpy) of prompts that ask for speech (NCP,
-    up to `max_audio_frames`). temperature 0 is greedy. Each kind generates its prompts together, media
-    kinds first (as the engine does). An `environment` (a tool) takes part in the text responses."""
+    ask for an image (NFSP, no guidance), the frames (float `[3, T, H, W]` numpy, `video_frames` of them:
+    `MediaLengths.of`) of prompts that ask for a video, the waveform (float numpy) of prompts that ask for
+    speech (NCP, up to `max_audio_frames`). temperature 0 is greedy. Each kind generates its prompts
+    together, media kinds first (as the engine does). An `environment` (a tool) takes part in the text
+    responses."""
     sampler = Sampler(temperature, top_k, top_p, generator)
+    lengths = MediaLengths.of(model, max_audio_frames, video_frames)
     kinds = [response_kind(model, p) for p in prompts]
     outputs: list[object] = [None] * len(prompts)
     for kind in (*RESPONSE_KINDS, TEXT):
@@ -148,7 +152,7 @@ def respond(
             if kind is TEXT and environment is not None:
                 said = environment.respond(model, asked, decode, max_new_tokens, sampler)
             else:
-                said = kind.respond(model, asked, decode, max_new_tokens, sampler, max_audio_frames)
+                said = kind.respond(model, asked, decode, max_new_tokens, sampler, lengths)
             for i, output in zip(picked, said, strict=True):
                 outputs[i] = output
     return outputs

@@ -90,6 +90,9 @@ class RolloutConfig:
         seed: the engine's sampling seed; None (default): the run's `seed_everything` seed (Lightning's
             PL_GLOBAL_SEED, 0 when unseeded), so that runs at different seeds sample different rollouts.
         max_audio_frames: most codec frames of a speech response (`max_new_tokens` counts text tokens).
+        video_frames: frames of a video response (`1 + temporal_stride * k`); None (default): the
+            datamodule's clips (`QueryDataModule.video_frames`), else `1 + temporal_stride`. A value that
+            differs from the datamodule's is refused (the verifier reads clips of the data's length).
     """
 
     precision: Precision = "float32"
@@ -100,6 +103,7 @@ class RolloutConfig:
     max_batch: int | None = None
     seed: int | None = None
     max_audio_frames: int = 128
+    video_frames: int | None = None
 
 
 class RLTask(L.LightningModule):
@@ -232,6 +236,7 @@ class RLTask(L.LightningModule):
             seed=self.run_seed,
             max_audio_frames=c.max_audio_frames,
             environment=self.source.environment(),
+            video_frames=self.video_frames,
         )
         self.engine = self.rollout_backend.build_engine(self.model, settings, self.version)
         if self._engine_rng is not None:
@@ -388,8 +393,19 @@ class RLTask(L.LightningModule):
         c, budget = self.rollout_config, self.scoring_config.val_max_new_tokens
         return respond(
             self.model, prompts, self.source.decode, budget, temperature, c.top_k, c.top_p, generator,
-            c.max_audio_frames, self.source.environment(),
+            c.max_audio_frames, self.source.environment(), self.video_frames,
         )  # fmt: skip
+
+    @property
+    def video_frames(self) -> int | None:
+        """Frames of a video response: the rollout config's, else the datamodule's clips (None: neither)."""
+        given, data = self.rollout_config.video_frames, self.source.video_frames
+        if given is not None and data is not None and given != data:
+            raise ValueError(
+                f"rollout.video_frames={given} but the datamodule's clips have video_frames={data}: the "
+                "verifier reads clips of the data's length; leave rollout.video_frames out (null) or match it"
+            )
+        return given if given is not None else data
 
     # -- optimisation and checkpoints -------------------------------------------------------------------
     def configure_optimizers(self):  # noqa: ANN201 (Lightning's union of return types)

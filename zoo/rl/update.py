@@ -30,6 +30,7 @@ from zoo.rl.losses import (
 )
 from zoo.rl.records import Rollout
 from zoo.rl.replay import sequence_logprobs
+from zoo.rl.responses import response_kind
 from zoo.tasks.optim import (
     LRSchedulerCallable,
     OptimizerCallable,
@@ -201,6 +202,11 @@ class PolicyUpdate:
         ]
         return Advantages(advantages.flatten(), accuracy, zero_variance, trained)
 
+    def modalities(self, rollout: Rollout, token_modality: Callable[[list[int]], list[int]]) -> list[int]:
+        """The `Modality` of each response decision: its id's, as its response kind refines it."""
+        kind = response_kind(self.model, rollout.prompt_ids)
+        return kind.loss_modalities(token_modality(rollout.response_ids))
+
     def train(
         self,
         rollouts: list[Rollout],
@@ -211,7 +217,8 @@ class PolicyUpdate:
         version: int,
     ) -> dict[str, float]:
         """l_old, then `ppo_epochs` optimizer steps over micro-batches of the trained rollouts; returns
-        the step's statistics. token_modality: a `Modality` per response id (per-modality IcePop bounds).
+        the step's statistics. token_modality: a `Modality` per response id (per-modality IcePop bounds;
+        the response kind may refine it: a video's codes are VIDEO, `ResponseKind.loss_modalities`).
         backward / optimizer_step: Lightning's (clip, step, zero the gradients, step the schedule)."""
         rollouts = [rollouts[i] for i in scored.trained]
         advantages = scored.advantages[scored.trained]
@@ -244,7 +251,7 @@ class PolicyUpdate:
                 entropy, _ = pad_sequences(entropy_list)
                 old, _ = pad_sequences(logp_old[part])
                 inf, _ = pad_sequences([r.inf_logprobs.to(logp.device) for r in micro])
-                modality, _ = pad_sequences([torch.tensor(token_modality(r.response_ids)) for r in micro])
+                modality, _ = pad_sequences([torch.tensor(self.modalities(r, token_modality)) for r in micro])
                 ref = pad_sequences(logp_ref[part])[0] if logp_ref is not None else None
                 adv = advantages[part].to(logp.device)
                 weights = None

@@ -75,6 +75,8 @@ def verify_shapes_image(query: Query, output: Any) -> float:
 
 
 def verify_shapes_video(query: Query, output: Any) -> float:
+    """Generated frames (uint8 THWC or float `[3, T, H, W]`) read back by `zoo.world.render.verify_video`:
+    attribute accuracy with each object's motion counted as an attribute."""
     from zoo.world.render import verify_video
 
     return float(verify_video(output, _scene_of(query)).attribute_accuracy)
@@ -123,6 +125,7 @@ VERIFIERS: dict[str, Callable[[Query, Any], float]] = {
     "speech_caption": verify_shapes_caption,
     "video_caption": verify_shapes_caption,
     "caption_to_image": verify_shapes_image,
+    "caption_to_video": verify_shapes_video,
     "caption_to_speech": verify_shapes_speech_words,
     "shapes_image": verify_shapes_image,
     "shapes_video": verify_shapes_video,
