@@ -2,7 +2,8 @@
 # Post-training end to end on the tiny model (issue 18): pretraining, SFT, then the four RL stages, each stage
 # initialised from the previous one's output (`init_from` in its config):
 #
-#   1. pretraining   configs/demo/{visual_tokenizer,audio_codec,multimodal}.yaml  -> runs/demo/multimodal/latest/
+#   1. pretraining   configs/demo/{visual_tokenizer,audio_codec,vision_encoder,multimodal}.yaml (make demo's)
+#                                                                                -> runs/demo/multimodal/latest/
 #   2. SFT           configs/sft/tiny.yaml (the SFT stage; from the pretraining)   -> runs/sft/tiny/latest/
 #   3. RL stage 1    configs/rl/stages/1_reasoning.yaml     (arithmetic chains)    -> runs/rl_stages/1_reasoning/latest/
 #      RL stage 2    configs/rl/stages/2_multimodal.yaml    (image / speech captions)
@@ -28,6 +29,7 @@ read -r -a sft_args <<< "${SFT_ARGS:-}"
 if [[ -z "${SKIP_PRETRAIN:-}" ]]; then
   "$ZOO" fit --config configs/demo/visual_tokenizer.yaml "${pretrain_args[@]}"
   "$ZOO" fit --config configs/demo/audio_codec.yaml "${pretrain_args[@]}"
+  "$ZOO" fit --config configs/demo/vision_encoder.yaml "${pretrain_args[@]}"
   "$ZOO" fit --config configs/demo/multimodal.yaml "${pretrain_args[@]}"
 fi
 if [[ -z "${SKIP_SFT:-}" ]]; then
