@@ -209,3 +209,53 @@ def test_sft_refuses_a_vocabulary_without_role_tokens_and_data_that_is_not_conve
     trainer.datamodule = ShapesDataModule(vocab=CHAT)
     with pytest.raises(TypeError, match="ConversationDataModule"):
         task.setup("fit")
+
+
+class ScriptedArithmetic(ArithmeticInstructions):
+    """Arithmetic conversations whose verifier records the answers it is given and scores them 1.0 at even
+    indices, 0.25 at odd ones: what validation logs is then known whatever the untrained model says."""
+
+    def __init__(self) -> None:
+        super().__init__(tasks=("arith",), difficulties=(1,), train_size=16, val_size=5)
+        self.answers: dict[int, str] = {}
+
+    def verify(self, split: str, index: int, answer: str) -> float:
+        assert split == "val"
+        self.answers[index] = answer
+        return 1.0 if index % 2 == 0 else 0.25
+
+
+def test_arithmetic_instructions_verify_answers_with_rls_verifier():
+    source = ArithmeticInstructions(tasks=("arith",), difficulties=(2,), train_size=4, val_size=4)
+    query = source.query("val", 1)
+    assert source.verifiable and source.verify("val", 1, query.solution) == 1.0
+    assert source.verify("val", 1, query.solution + "1") == 0.0
+
+
+def test_sft_validation_answers_heldout_prompts_greedily_in_the_chat_format_and_logs_the_verifiers_accuracy():
+    source = ScriptedArithmetic()
+    tokenizer = TextTokenizer.train(list(source.texts()), vocab_size=300, min_frequency=1)
+    data = ConversationDataModule([source], vocab=CHAT, seq_len=128, batch_size=4)
+    data.tokenizer = tokenizer
+    torch.manual_seed(0)
+    backbone = UnifiedTransformer(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=8)
+    model = UnifiedModel(backbone, CHAT, mtp_depth=0)
+    task = SupervisedFineTuning(model, greedy_prompts=4, greedy_max_new_tokens=6)
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=2, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(task, datamodule=data)
+    assert sorted(source.answers) == [0, 1, 2, 3], "greedy_prompts held-out conversations, not all five"
+    assert trainer.callback_metrics["val/accuracy"].item() == pytest.approx(0.5)
+    assert trainer.callback_metrics["val/reward"].item() == pytest.approx((1.0 + 0.25 + 1.0 + 0.25) / 4)
+    # The answers verified are the model's greedy continuations of `<bos> <|user|> prompt <|assistant|>`.
+    model, vocab = task.model.eval(), CHAT
+    for index, answer in source.answers.items():
+        prompt = source.query("val", index).prompt
+        question = vocab.text_to_unified(tokenizer.encode(prompt)).tolist()
+        ids = [vocab.bos_id, vocab.special("<|user|>"), *question, vocab.special("<|assistant|>")]
+        out = model.generate([ids], 6, temperature=0.0)[0]
+        out = out[: out.index(vocab.eos_id)] if vocab.eos_id in out else out
+        text = tokenizer.decode([i - vocab.text_offset for i in out if i in vocab.text_range()])
+        assert answer == text

@@ -30,7 +30,7 @@ import json
 from collections.abc import Iterator
 from itertools import accumulate, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from zoo.datamodules.bad_samples import BadSample, BadSamplePolicy
 from zoo.datamodules.chat import ROLES, ChatError, Turn, chat_document
@@ -58,6 +58,14 @@ class ConversationSource:
 
     def texts(self) -> Iterator[str]:
         raise NotImplementedError
+
+    # A source with a verifier says so and scores answers: SFT's validation then answers its held-out
+    # conversations greedily and logs the verifier's accuracy (`zoo.tasks.sft`), as RL's validation does.
+    verifiable: ClassVar[bool] = False
+
+    def verify(self, split: str, index: int, answer: str) -> float:
+        """The reward in [0, 1] of `answer` as the assistant's last turn of conversation `index`."""
+        raise NotImplementedError(f"{type(self).__name__} has no verifier (verifiable is False)")
 
 
 class JsonlConversations(ConversationSource):

@@ -17,6 +17,7 @@ from zoo.datamodules.chat import Turn
 from zoo.datamodules.conversations import ConversationSource
 from zoo.datamodules.media_samples import MediaSpec
 from zoo.rl.records import Query
+from zoo.rl.scoring import safe_verify
 from zoo.rl.tasks_text import TextTasks
 
 
@@ -59,6 +60,12 @@ class ArithmeticInstructions(ConversationSource):
         query = self.query(split, index)
         where = f"ArithmeticInstructions {split} {index} ({query.id})"
         return [Turn("user", (query.prompt,), where), Turn("assistant", (query.solution,), where)]
+
+    verifiable = True
+
+    def verify(self, split: str, index: int, answer: str) -> float:
+        """RL's reward of the query (1.0: the answer the verifier reads is right); a verifier error is 0."""
+        return safe_verify(self.query(split, index), answer)
 
     def texts(self) -> Iterator[str]:
         for index in range(min(self.sizes["train"], 4096)):
