@@ -116,6 +116,26 @@ def test_parallelize_materialises_a_deferred_model_without_fsdp():
         assert torch.equal(p, plain_weights[name.replace("_checkpoint_wrapped_module.", "")]), name
 
 
+def test_a_parameters_own_attributes_survive_its_deferral():
+    """Libraries mark parameters (transformers: `_is_hf_initialized` on each loaded weight, and re-initialises
+    the unmarked); the deferred parameter must carry the mark, and the marked value must replay."""
+
+    class Marked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            weight = nn.Parameter(torch.full((3,), 7.0))
+            weight._loaded_from_file = True
+            self.weight = weight
+            if not getattr(self.weight, "_loaded_from_file", False):  # as transformers treats unmarked ones
+                nn.init.normal_(self.weight)
+
+    with deferred_init():
+        module = Marked()
+    assert module.weight.is_meta and module.weight._loaded_from_file
+    materialize(module, deferred_plan(module))
+    assert torch.equal(module.weight, torch.full((3,), 7.0))
+
+
 def test_a_write_that_cannot_be_replayed_is_refused_naming_the_op():
     class FromMeta(nn.Module):
         def __init__(self) -> None:
