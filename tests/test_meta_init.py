@@ -136,6 +136,26 @@ def test_a_parameters_own_attributes_survive_its_deferral():
     assert torch.equal(module.weight, torch.full((3,), 7.0))
 
 
+def test_a_task_built_in_python_holds_its_model_once_not_again_in_its_initial_hyper_parameters():
+    """Lightning deep-copies what `save_hyperparameters` stores; storing the live model copied it whole (and,
+    under deferred init, marked every record copied, so none was freed after its replay)."""
+    from zoo.tasks.pretrain import UnifiedPretraining
+
+    def leaves(value: object) -> list[object]:
+        if isinstance(value, dict):
+            return [leaf for item in value.values() for leaf in leaves(item)]
+        if isinstance(value, (list, tuple)):
+            return [leaf for item in value for leaf in leaves(item)]
+        return [value]
+
+    with deferred_init():
+        task = UnifiedPretraining(create_model("tiny", **TINY))
+    initial = leaves(dict(task._hparams_initial))
+    assert not any(isinstance(leaf, (nn.Module, torch.Tensor)) for leaf in initial)
+    assert task.hparams_initial == task.hparams
+    assert not any(record.copied for record in deferred_plan(task).values())
+
+
 def test_a_write_that_cannot_be_replayed_is_refused_naming_the_op():
     class FromMeta(nn.Module):
         def __init__(self) -> None:
