@@ -3,7 +3,8 @@
 For the `tiny` and `small` presets, a few optimiser steps of UnifiedPretraining on fixed random text
 batches in four variants, each in fresh processes so that peak memory is theirs alone:
 
-    single     one process, one thread
+    single     one process, one thread, under the allocator setting FSDP2Strategy gives its CPU ranks
+               (zoo.host_memory; `--single-default-allocator`: glibc's defaults)
     fsdp       FSDP2 on two processes (gloo, one thread each): FSDP2Strategy + Parallelism(fsdp=True), the
                model built under `zoo.meta_init.deferred_init` (as `zoo fit` builds it with parallel.fsdp)
                and materialised shard by shard after `fully_shard`
@@ -15,7 +16,10 @@ Reported per variant: training tokens/s (valid target tokens of every rank per s
 steps, after one untimed warm-up step), peak RSS per process (`ru_maxrss`; the largest over ranks) and
 the parameter bytes each rank holds (local shards for DTensors); `rss_fsdp_over_single_<preset>` is the
 fsdp rank's peak RSS over the single process's (issue 17's target for small: <= 0.65), and
-`rss_fsdp_ep_over_single_<preset>` the same for fsdp_ep. For fsdp_ep also the all-to-all bytes one rank
+`rss_fsdp_ep_over_single_<preset>` the same for fsdp_ep. Where the peak goes, on the rank that peaked:
+`state_mb` (parameters, gradients and optimiser moments it holds; `grad_mb`, `optimizer_mb`), the process
+before any model (`rss_before_model_mb`) and `rest_mb` (activations, gathered blocks, buffers, the data,
+freed memory the allocator kept). For fsdp_ep also the all-to-all bytes one rank
 sends to the other per optimiser step (dispatch and combine of every MoE layer, forward and backward; the
 backward's reverse exchanges send as much as the forward's) and the routed experts' parameter bytes per
 rank. Every rank gets the same batches (as in tests/test_parallel.py); tokens are counted per rank, so two
@@ -50,6 +54,7 @@ from _common import emit, log, machine_info  # noqa: E402
 from zoo.batch import IGNORE_INDEX  # noqa: E402
 from zoo.datamodules.sequence import SequenceBuilder, TextSegment  # noqa: E402
 from zoo.expert_parallel import exchanged_bytes  # noqa: E402
+from zoo.host_memory import return_large_blocks_to_os  # noqa: E402
 from zoo.hub import save_pretrained  # noqa: E402
 from zoo.meta_init import deferred_init  # noqa: E402
 from zoo.models.elastic import ElasticConfig  # noqa: E402
@@ -126,11 +131,32 @@ def param_bytes(model: torch.nn.Module, experts_only: bool = False) -> int:
     return total
 
 
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """The training state this rank holds: parameters, gradients (one per trainable parameter, the size of
+    its local shard; Lightning frees them after each step, so they are counted, not read) and the
+    optimiser's moments (local shards of DTensors)."""
+
+    def local_bytes(t: torch.Tensor) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    moments = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return {
+        "param_bytes": sum(local_bytes(p) for p in model.parameters()),
+        "grad_bytes": sum(local_bytes(p) for p in model.parameters() if p.requires_grad),
+        "optimizer_bytes": sum(local_bytes(v) for v in moments if v.dim() > 0),  # not AdamW's step counts
+    }
+
+
 def worker(args: argparse.Namespace) -> None:
     """One variant of one preset; under FSDP Lightning re-runs this script for rank 1 with the same argv."""
     torch.set_num_threads(1)  # two processes on two cores: OpenMP threads would oversubscribe
     rss_before = current_rss_mb()
     devices, parallel = VARIANTS[args.variant]
+    if devices == 1 and args.single_host_policy:
+        # The allocator setting FSDP2Strategy gives its CPU ranks (zoo.host_memory), so that the ratio
+        # compares the memory each holds, not two allocator policies.
+        return_large_blocks_to_os(FSDP2Strategy().host_mmap_threshold_mb)
     torch.manual_seed(0)
     if parallel.fsdp:  # no rank builds the whole model: parallelize materialises its shards
         with deferred_init():
@@ -156,7 +182,11 @@ def worker(args: argparse.Namespace) -> None:
     loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
     trainer.fit(task, train_dataloaders=loader)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
+    state = state_bytes(task.model, trainer.optimizers[0])
     result = {
+        "state_mb": sum(state.values()) / 2**20,
+        "grad_mb": state["grad_bytes"] / 2**20,
+        "optimizer_mb": state["optimizer_bytes"] / 2**20,
         "seconds": timer.end - timer.start,
         "tokens": timer.tokens,
         "timed_steps": timer.steps,
@@ -172,12 +202,15 @@ def worker(args: argparse.Namespace) -> None:
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(result))
 
 
-def run_variant(preset: str, variant: str, steps: int, batch: int, seq: int, tmp: str) -> dict[str, float]:
+def run_variant(
+    preset: str, variant: str, steps: int, batch: int, seq: int, tmp: str, single_host_policy: bool = True
+) -> dict[str, float]:
     out = os.path.join(tmp, f"{preset}_{variant}.json")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("MASTER_PORT", None)
     command = [sys.executable, __file__, "--worker", "--variant", variant, "--preset", preset]
     command += ["--steps", str(steps), "--batch", str(batch), "--seq", str(seq), "--out", out]
+    command += [] if single_host_policy else ["--single-default-allocator"]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -194,6 +227,13 @@ def run_variant(preset: str, variant: str, steps: int, batch: int, seq: int, tmp
         bytes_key: max(r["param_bytes"] for r in ranks),
         "loss_last": round(ranks[0]["loss_last"], 4),
     }
+    # Where the peak goes, on the rank that peaked: the training state (parameters, gradients, optimiser
+    # moments), the process before any model (interpreter, torch, Lightning) and the rest (activations,
+    # FSDP2's gathered blocks and reduce buffers, the data, freed memory the allocator kept).
+    top = max(ranks, key=lambda r: r["peak_rss_mb"])
+    result["state_mb"] = round(top["state_mb"], 1)
+    result["grad_mb"], result["optimizer_mb"] = round(top["grad_mb"], 1), round(top["optimizer_mb"], 1)
+    result["rest_mb"] = round(top["peak_rss_mb"] - top["rss_before_model_mb"] - top["state_mb"], 1)
     if VARIANTS[variant][1].expert_parallel > 1:
         result["expert_param_bytes_per_rank"] = max(r["expert_param_bytes"] for r in ranks)
         result["all_to_all_bytes_per_step_per_rank"] = max(r["all_to_all_bytes_per_step"] for r in ranks)
@@ -235,6 +275,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--single-default-allocator",
+        dest="single_host_policy",
+        action="store_false",
+        help="run the single process under glibc's default allocator policy, not the one FSDP2Strategy "
+        "gives its CPU ranks (zoo.host_memory)",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -250,7 +297,8 @@ def main() -> None:
             result[f"{preset}_batch_docs"], result[f"{preset}_seq_len"] = batch * 2, seq
             log(f"{preset}: {args.steps} steps, {batch * 2} documents packed into rows of {seq}")
             for variant in args.variants:
-                for key, value in run_variant(preset, variant, args.steps, batch, seq, tmp).items():
+                measured = run_variant(preset, variant, args.steps, batch, seq, tmp, args.single_host_policy)
+                for key, value in measured.items():
                     result[f"{preset}_{variant}_{key}"] = value
             for variant in ("fsdp", "fsdp_ep"):
                 if "single" in args.variants and variant in args.variants:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # imports acyclic) and any unit of a lower layer; never a higher one. "zoo" is the package root.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("version", "config", "trust", "weights", "batch", "task_names", "fingerprint", "publishing",
-     "command_line"),
+     "command_line", "host_memory"),
     ("media", "world"),
     ("tokenizers",),
     ("models",),

@@ -116,6 +116,46 @@ def test_parallelize_materialises_a_deferred_model_without_fsdp():
         assert torch.equal(p, plain_weights[name.replace("_checkpoint_wrapped_module.", "")]), name
 
 
+def test_a_parameters_own_attributes_survive_its_deferral():
+    """Libraries mark parameters (transformers: `_is_hf_initialized` on each loaded weight, and re-initialises
+    the unmarked); the deferred parameter must carry the mark, and the marked value must replay."""
+
+    class Marked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            weight = nn.Parameter(torch.full((3,), 7.0))
+            weight._loaded_from_file = True
+            self.weight = weight
+            if not getattr(self.weight, "_loaded_from_file", False):  # as transformers treats unmarked ones
+                nn.init.normal_(self.weight)
+
+    with deferred_init():
+        module = Marked()
+    assert module.weight.is_meta and module.weight._loaded_from_file
+    materialize(module, deferred_plan(module))
+    assert torch.equal(module.weight, torch.full((3,), 7.0))
+
+
+def test_a_task_built_in_python_holds_its_model_once_not_again_in_its_initial_hyper_parameters():
+    """Lightning deep-copies what `save_hyperparameters` stores; storing the live model copied it whole (and,
+    under deferred init, marked every record copied, so none was freed after its replay)."""
+    from zoo.tasks.pretrain import UnifiedPretraining
+
+    def leaves(value: object) -> list[object]:
+        if isinstance(value, dict):
+            return [leaf for item in value.values() for leaf in leaves(item)]
+        if isinstance(value, (list, tuple)):
+            return [leaf for item in value for leaf in leaves(item)]
+        return [value]
+
+    with deferred_init():
+        task = UnifiedPretraining(create_model("tiny", **TINY))
+    initial = leaves(dict(task._hparams_initial))
+    assert not any(isinstance(leaf, (nn.Module, torch.Tensor)) for leaf in initial)
+    assert task.hparams_initial == task.hparams
+    assert not any(record.copied for record in deferred_plan(task).values())
+
+
 def test_a_write_that_cannot_be_replayed_is_refused_naming_the_op():
     class FromMeta(nn.Module):
         def __init__(self) -> None:

@@ -126,15 +126,24 @@ def test_fp8_takes_the_refiners_timestep_and_attention_linears_never_a_conv(tmp_
     assert not any(isinstance(task.get_submodule(name), nn.Conv2d) for name in converted)
 
 
-@pytest.mark.parametrize("stage", ["visual_2d", "vision", "refiner"])
+@pytest.mark.parametrize("stage", ["visual_2d", "audio", "audio_whisper", "vision", "refiner"])
 def test_a_stage_built_on_meta_materialises_the_single_process_weights(stage, tmp_path):
     from zoo.meta_init import deferred_init
 
-    reference = build(stage, tmp_path)
+    extra: tuple[str, ...] = ()
+    if stage == "audio_whisper":  # the codec distilled toward a Whisper teacher loaded from a folder
+        pytest.importorskip("transformers", reason="a Whisper teacher needs the `whisper` extra")
+        from whisper_helpers import save_tiny_whisper
+
+        folder = save_tiny_whisper(tmp_path / "whisper")
+        extra = ("--config", str(CONFIGS / "tokenizers/audio_whisper.yaml"))
+        extra += (f"--model.init_args.teacher.init_args.path={folder}",)
+        stage = "audio"
+    reference = build(stage, tmp_path, *extra)
     assert type(reference).meta_init_with_fsdp
     torch.manual_seed(0)
     with deferred_init():
-        task = build(stage, tmp_path)  # the CLI seeds as the reference's build did
+        task = build(stage, tmp_path, *extra)  # the CLI seeds as the reference's build did
     assert all(p.is_meta for p in task.parameters())
     shard_stage(task, task.sharding_plan(), Parallelism())
     expected = reference.state_dict()

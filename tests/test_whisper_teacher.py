@@ -163,6 +163,23 @@ def test_the_teacher_config_rebuilds_the_same_teacher_from_its_folder(folder):
     assert torch.equal(build_from_config(config)(clip), teacher(clip))
 
 
+def test_a_teacher_built_on_meta_materialises_the_weights_of_its_folder(folder):
+    """Under FSDP the audio stage is built under zoo.meta_init; the teacher's loaded Whisper weights must come
+    back, not the random init transformers gives the weights it believes were never loaded."""
+    from zoo.meta_init import deferred_init, deferred_plan, materialize
+
+    plain = WhisperTeacher(str(folder))
+    with deferred_init():
+        deferred = WhisperTeacher(str(folder))
+    assert all(p.is_meta for p in deferred.parameters())
+    materialize(deferred, deferred_plan(deferred))
+    expected = plain.state_dict()
+    different = [name for name, got in deferred.state_dict().items() if not torch.equal(got, expected[name])]
+    assert different == []
+    clip = voiced(SR, seed=5)[None]
+    assert torch.equal(deferred(clip), plain(clip))
+
+
 # --- distillation through the training task ---------------------------------------------------------
 
 

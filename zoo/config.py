@@ -117,8 +117,26 @@ def save_config_hyperparameters(module: Any) -> None:
     the config that rebuilds it, so a checkpoint never pickles an object and loads with
     `torch.load(weights_only=True)`. Built by LightningCLI, the hyper-parameters already are configs (they
     carry `_instantiator`); built in Python, they are converted here. Injected modules are kept, not
-    ignored: ignoring them breaks `load_from_checkpoint` (DESIGN.md)."""
-    module.save_hyperparameters(frame=inspect.currentframe().f_back)
-    if "_instantiator" not in module.hparams:
-        module.hparams.update({k: to_config(v) for k, v in module.hparams.items()})
-        module.hparams["_instantiator"] = "lightning.pytorch.cli.instantiate_module"
+    ignored: ignoring them breaks `load_from_checkpoint` (DESIGN.md).
+
+    The configs are made *before* Lightning stores the hyper-parameters, as LightningCLI hands them over:
+    Lightning keeps a `copy.deepcopy` of what it stores (`hparams_initial`), which for the live arguments was
+    a second copy of the whole model on every rank (279 MB of `small`'s fp32 weights, held for the whole run;
+    under `zoo.meta_init` a copy of every deferred parameter's record)."""
+    from lightning.pytorch.core.mixins.hparams_mixin import (
+        HyperparametersMixin,
+        _given_hyperparameters,
+        _given_hyperparameters_context,
+    )
+    from lightning.pytorch.utilities.parsing import collect_init_args
+
+    frame = inspect.currentframe().f_back
+    if _given_hyperparameters.get() is not None:  # built by LightningCLI: its hyper-parameters are configs
+        module.save_hyperparameters(frame=frame)
+        return
+    arguments: dict[str, Any] = {}
+    for local in collect_init_args(frame, [], classes=(HyperparametersMixin,)):  # as Lightning collects them
+        arguments.update(local)
+    configs = {name: to_config(value) for name, value in arguments.items()}
+    with _given_hyperparameters_context(configs, instantiator="lightning.pytorch.cli.instantiate_module"):
+        module.save_hyperparameters(frame=frame)

@@ -162,6 +162,10 @@ def deferred_init() -> Iterator[None]:
         if param is None or param.is_meta:  # already deferred (a tied weight registered twice) or meta
             return
         deferred = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+        # Attributes a library set on the parameter travel with it: transformers marks each loaded weight
+        # `_is_hf_initialized` and re-initialises every parameter without the mark (random values over
+        # the loaded Whisper weights, were the mark lost here).
+        deferred.__dict__.update(param.__dict__)
         _RECORDS[_storage_key(deferred)] = ParameterRecord(param.detach())
         module._parameters[name] = deferred
 

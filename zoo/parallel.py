@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from zoo.expert_parallel import apply_expert_parallel, fully_shard_local_experts
+from zoo.host_memory import return_large_blocks_to_os
 from zoo.meta_init import deferred_plan, is_deferred, materialize
 from zoo.models.moe import Router
 from zoo.models.unified import UnifiedModel
@@ -102,6 +103,10 @@ class FSDP2Strategy(ModelParallelStrategy):
         data_parallel_size: data-parallel (FSDP) group size; "auto": all processes.
         tensor_parallel_size: tensor-parallel group size (must stay 1 until the zoo does TP).
         save_distributed_checkpoint: each rank saves its own shard (DCP) rather than one full file.
+        host_mmap_threshold_mb: on CPU ranks, host allocations of at least this many MiB get their own
+            mapping, returned to the OS when freed (`zoo.host_memory`): FSDP2's gather and reduce buffers
+            otherwise fragment glibc's heap, which held more than the rank's sharded training state
+            (docs/scale.md). None: glibc's default (a dynamic threshold). GPU ranks are left as they are.
     """
 
     def __init__(
@@ -109,13 +114,17 @@ class FSDP2Strategy(ModelParallelStrategy):
         data_parallel_size: int | Literal["auto"] = "auto",
         tensor_parallel_size: int = 1,
         save_distributed_checkpoint: bool = True,
+        host_mmap_threshold_mb: int | None = 4,
     ) -> None:
         super().__init__(data_parallel_size, tensor_parallel_size, save_distributed_checkpoint)
+        self.host_mmap_threshold_mb = host_mmap_threshold_mb
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes // self._tensor_parallel_size
         super().setup_environment()
+        if self.host_mmap_threshold_mb is not None and self.root_device.type == "cpu":
+            return_large_blocks_to_os(self.host_mmap_threshold_mb)  # in every rank's own process
 
 
 def high_precision_linears(model: UnifiedModel) -> set[nn.Module]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import lightning as L
 import torch
@@ -233,8 +233,9 @@ class AudioTokenizerTask(ShardedStage, L.LightningModule):
             `sharding_plan` (zoo.tasks.sharding).
     """
 
-    # Not built on `meta` (meta_init_with_fsdp stays False): transformers loads a Whisper teacher into meta
-    # parameters in ways zoo.meta_init does not replay (the weights would come out wrong); the codec is small.
+    # Built on `meta` under parallel.fsdp (zoo.meta_init), the codec and any teacher with it: both replay bit
+    # for bit, a Whisper teacher's loaded weights included (tests/test_sharding_plans.py).
+    meta_init_with_fsdp: ClassVar[bool] = True
 
     def __init__(
         self,
