@@ -26,8 +26,9 @@ demo: $(STAMP)
 post-train: $(STAMP)
 	ZOO=$(BIN)/zoo scripts/post_train.sh
 
+# Two workers, one torch thread each (tests/conftest.py says how files are grouped); the 20 slowest tests listed.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=20
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
