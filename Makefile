@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo post-train test test-slow lint bench wheel-check clean
+.PHONY: demo demo-video post-train test test-slow lint bench wheel-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ demo: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/audio_codec.yaml
 	$(BIN)/zoo fit --config configs/demo/vision_encoder.yaml
 	$(BIN)/zoo fit --config configs/demo/multimodal.yaml
+
+# The video demo (issue 19): the causal 3D tokenizer inflated from the demo's 2D one, then the tiny unified model
+# on ShapesWorld clips (caption to video, video to caption, captions) and its gallery
+# (runs/demo/video/latest/gallery/gallery.md). Needs `make demo`'s first stage (its 2D visual tokenizer,
+# runs/demo/visual_tokenizer/latest/visual_tokenizer.safetensors): run `make demo` first.
+demo-video: $(STAMP)
+	$(BIN)/zoo fit --config configs/demo/video_tokenizer.yaml
+	$(BIN)/zoo fit --config configs/demo/video.yaml
 
 # Post-training end to end (issue 18): pretraining (the demo's stages), SFT, then RL stages 1-4
 # (configs/rl/stages/), each from the previous one's output; see scripts/post_train.sh for shorter runs.
