@@ -12,9 +12,9 @@ parse and get graded rewards.
 
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
+from rl_fit_helpers import fit_logging_metrics
 
 from zoo.datamodules.sequence import AudioSegment, MediaLayout, SequenceBuilder, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
@@ -292,18 +292,7 @@ def test_rl_steps_on_captions_and_images_train_and_validate_per_task(warm, tmp_p
         model, rollout=rollout, update=UpdateConfig(batch_size=4, group_size=4), optim=OptimConfig(lr=1e-3),
         scoring=ScoringConfig(val_max_new_tokens=24),
     )  # fmt: skip
-    logged: list[dict] = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, *args) -> None:
-            logged.append({k: float(v) for k, v in trainer.callback_metrics.items()})
-
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=2, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=1,
-        val_check_interval=2, callbacks=[Record()],
-    )  # fmt: skip
-    trainer.fit(task, datamodule=data)
+    trainer, logged = fit_logging_metrics(task, data, tmp_path)
     trained = sum(step["train/trained_samples"] for step in logged)
     assert trained > 0, "no group had graded rewards that differ: the warm start is too weak"
     assert 0.0 < max(step["train/reward"] for step in logged) <= 1.0

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from rl_fit_helpers import fit_logging_metrics
 
 from zoo.batch import Modality
 from zoo.datamodules.sequence import MediaLayout, SequenceBuilder, TextSegment, VisualSegment
@@ -242,18 +243,7 @@ def test_an_rl_step_on_text_to_video_trains_on_rewards_read_back_from_the_drawn_
         update=UpdateConfig(batch_size=4, group_size=4), optim=OptimConfig(lr=1e-3),
         scoring=ScoringConfig(val_max_new_tokens=8),
     )  # fmt: skip
-    logged: list[dict] = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, module, *args) -> None:
-            logged.append({k: float(v) for k, v in trainer.callback_metrics.items()})
-
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=2, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=1,
-        val_check_interval=2, callbacks=[Record()],
-    )  # fmt: skip
-    trainer.fit(task, datamodule=data)
+    trainer, logged = fit_logging_metrics(task, data, tmp_path)
     assert task.engine.lengths.video_frames == 5  # the datamodule's clips (rollout.video_frames left out)
     assert sum(step["train/trained_samples"] for step in logged) > 0, "no group's rewards differed"
     assert 0.0 < max(step["train/reward"] for step in logged) <= 1.0
