@@ -30,8 +30,11 @@ from zoo.batch import Modality  # noqa: E402
 from zoo.datamodules.sequence import MediaLayout  # noqa: E402
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
 from zoo.hub import load_lightning_checkpoint  # noqa: E402
-from zoo.models.decode import guided_logits, prefill, text_prompts, visual_scale_step  # noqa: E402
-from zoo.models.sampling import Sampler  # noqa: E402
+from zoo.models.decode import prefill, text_prompts, visual_scale_step  # noqa: E402
+from zoo.models.sampling import (
+    Sampler,  # noqa: E402
+    guided_logits,  # noqa: E402
+)
 from zoo.task_names import Task  # noqa: E402
 from zoo.world.render import render_image, to_tensor, verify_image  # noqa: E402
 

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--max-objects", type=int, default=2, help="as the model was trained (the demo: 2)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--cfg-scale", type=float, default=2.0)
+    parser.add_argument("--audio-cfg-scale", type=float, default=0.0, help="speech guidance (0: off)")
     parser.add_argument("--top-k", type=int, default=8, help="media sampling top-k (0: no filter)")
     parser.add_argument("--tasks", nargs="*", default=None, help="task names (default: every supported)")
     parser.add_argument("--splits", nargs="*", default=["val", "test"], choices=["val", "test"])
@@ -66,11 +67,12 @@ def main() -> None:
         with torch.no_grad():
             result = evaluate(
                 model, data, args.scenes, split, args.cfg_scale, args.temperature, args.top_k or None,
-                seed=args.seed, tasks=args.tasks,
+                seed=args.seed, tasks=args.tasks, audio_cfg_scale=args.audio_cfg_scale,
             )
         metrics.update({f"{split}/{k}": round(v, 4) for k, v in result.metrics.items()})
     emit({"benchmark": "unified_eval", **info, "checkpoint": args.checkpoint, "scenes": args.scenes,
-          "temperature": args.temperature, "cfg_scale": args.cfg_scale, "top_k": args.top_k, **metrics})
+          "temperature": args.temperature, "cfg_scale": args.cfg_scale,
+          "audio_cfg_scale": args.audio_cfg_scale, "top_k": args.top_k, **metrics})
 
 
 if __name__ == "__main__":

@@ -114,3 +114,27 @@ def test_make_demo_video_runs_the_video_tokenizer_then_the_video_demo():
     assert recipe is not None, "the Makefile has no demo-video target"
     configs = re.findall(r"--config (\S+)", recipe.group(1))
     assert configs == ["configs/demo/video_tokenizer.yaml", "configs/demo/video.yaml"]
+
+
+def test_the_video_context_overlay_reads_clips_through_the_demo_vision_encoder(in_tmp: Path):
+    overlay = REPO / "configs" / "experiments" / "demo_video_context.yaml"
+    model_args = yaml.safe_load(overlay.read_text())["model"]["init_args"]["model"]["init_args"]
+    encoder = model_args["vision_encoder"]
+    demo_encoder = load("multimodal.yaml")["model"]["init_args"]["model"]["init_args"]["vision_encoder"]
+    assert encoder == demo_encoder  # the encoder `make demo` stage 3 trains, loaded from where it writes it
+    write_untrained(tokenizer_spec(load("video.yaml")), in_tmp / written_by(load("video_tokenizer.yaml")))
+    write_untrained(encoder, in_tmp / encoder["init_args"]["weights"])
+    args = ["--config", str(DEMO / "video.yaml"), "--config", str(overlay)]
+    cli = ZooCLI(args=args, run=False)
+    model, data = cli.model.model, cli.datamodule
+    data.setup("fit")
+    assert supported_tasks(model, data) == [Task.TEXT_TO_VIDEO, Task.VIDEO_TO_TEXT]
+    document = data.task_document(Task.VIDEO_TO_TEXT, "train", 0)
+    assert type(document[1]).__name__ == "ContextSegment" and document[1].pixels.shape[1] == data.video_frames
+    codes = load("video.yaml")
+    assert "video_context" not in codes["data"]["init_args"]  # the demo itself reads the clip as codes
+    batch = data.builder.collate([document])
+    assert batch.context is not None and batch.visual is None
+    assert model(batch).loss.isfinite()
+    result = evaluate(model, data, n=2, max_caption_tokens=4, tasks=[Task.VIDEO_TO_TEXT])
+    assert "video_to_text/attribute_accuracy" in result.metrics

@@ -139,6 +139,35 @@ def test_a_context_image_is_one_bidirectional_group_without_targets(model, build
     assert batch.context.slot[0][context].tolist() == list(range(16))
 
 
+def test_a_context_video_is_one_group_a_frame_each_frame_encoded_as_its_own_still(model, builder):
+    frames = torch.stack([image(seed) for seed in range(3)], dim=1)  # [3, T=3, 32, 32]
+    batch = builder.collate([[text(model), ContextSegment(frames), text(model, 3, bos=False)]])
+    ids, context = batch.input_ids[0], batch.modality[0] == Modality.CONTEXT
+    opener = int(context.nonzero()[0]) - 1
+    assert ids[opener] == model.vocab.special("<bov>") and ids[opener + 49] == model.vocab.special("<eov>")
+    assert int(context.sum()) == 48 and batch.context.pixels.shape == (3, 3, 32, 32)
+    assert batch.group_id[0][context].unique().numel() == 3  # one bidirectional group a frame
+    t = batch.positions[0, 0][context].view(3, 16)
+    assert (t == t[:, :1]).all() and (t[1:, 0] - t[:-1, 0] == 1).all()  # frames advance t
+    assert (batch.targets["text"][0][context] == IGNORE_INDEX).all()
+    assert batch.context.slot[0][context].tolist() == list(range(48))
+    with torch.no_grad():
+        tokens = model.encode_media(batch).context
+        alone = model.encode_media(builder.collate([[text(model), ContextSegment(frames[:, 1])]])).context
+        torch.testing.assert_close(tokens[16:32], alone)  # frame 1 read as the still it is
+        # Causal across frames: changing the last frame leaves what the first two frames' positions compute.
+        changed = frames.clone()
+        changed[:, 2] = image(7)
+        other = builder.collate([[text(model), ContextSegment(changed), text(model, 3, bos=False)]])
+        first, second = model.forward_hidden(batch).hidden[0], model.forward_hidden(other).hidden[0]
+    before_last = context.nonzero()[:32, 0]
+    torch.testing.assert_close(first[before_last], second[before_last])
+    last = int(batch.valid[0].sum()) - 1  # the text after the clip sees every frame
+    assert not torch.allclose(first[last], second[last])
+    with pytest.raises(ValueError, match=r"\[3, H, W\] or \[3, T, H, W\]"):
+        ContextSegment(torch.zeros(32, 32))
+
+
 def test_context_tokens_enter_at_unit_scale_and_a_frozen_encoder_stays_as_loaded(builder):
     torch.manual_seed(0)
     backbone = UnifiedTransformer(dim=48, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=16,
@@ -220,6 +249,23 @@ def test_guidance_of_one_is_the_conditional_model(model):
     assert all(torch.equal(a, b) for a, b in zip(plain, guided, strict=True))
     strong = generate_visual(model, [prompt], cfg_scale=4.0, temperature=0.0)
     assert any(not torch.equal(a, b) for a, b in zip(plain, strong, strict=True))
+
+
+def test_speech_guidance_of_one_is_the_conditional_model_and_its_unconditional_rows_are_bos_boa(model):
+    vocab = model.vocab
+    prompts = [[vocab.bos_id, vocab.text_offset + t, vocab.special("<boa>")] for t in (5, 9)]
+    plain = generate_audio(model, prompts, max_frames=6, temperature=0.0)
+    guided = generate_audio(model, prompts, max_frames=6, temperature=0.0, cfg_scale=1.0)
+    assert all(torch.equal(a, b) for a, b in zip(plain, guided, strict=True))
+    strong = generate_audio(model, prompts, max_frames=6, temperature=0.0, cfg_scale=4.0)
+    assert any(not torch.equal(a, b) for a, b in zip(plain, strong, strict=True))
+    # g = 0 would be the unconditional model alone if it weighed l_uncond only: the first frame at g -> 0
+    # from above tends to what <bos><boa> alone says, which a plain run of that prompt gives.
+    unconditional = generate_audio(model, [[vocab.bos_id, vocab.special("<boa>")]], 1, temperature=0.0)[0]
+    faint = generate_audio(model, prompts[:1], 1, temperature=0.0, cfg_scale=1e-6)[0]
+    assert torch.equal(faint, unconditional)
+    with pytest.raises(ValueError, match="cfg_scale must be >= 0"):
+        generate_audio(model, prompts, 2, cfg_scale=-1.0)
 
 
 def test_greedy_ncp_generation_with_the_cache_matches_the_full_forward_pass(model, builder):

@@ -41,6 +41,7 @@ from zoo.datamodules.sources import ManifestSource, TarSource
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
 from zoo.task_names import SHAPES_TASKS as TASKS
+from zoo.task_names import Task
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.visual import VisualTokenizer
@@ -83,8 +84,10 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PairedSample]:
     }
 
 
-def shapes_world(image_context: bool = False) -> ShapesMultimodalDataModule:
-    world = ShapesMultimodalDataModule(vocab=VOCAB, image_context=image_context, video_frames=5)
+def shapes_world(image_context: bool = False, video_context: bool = False) -> ShapesMultimodalDataModule:
+    world = ShapesMultimodalDataModule(
+        vocab=VOCAB, image_context=image_context, video_context=video_context, video_frames=5
+    )
     world.tokenizer = TextTokenizer.byte_level()
     return world
 
@@ -118,6 +121,27 @@ def test_image_context_reads_the_image_through_the_vision_encoder(media):
     expected = shape(shapes_world(image_context=True).task_document("image_to_text", "val", 0))
     assert ("context",) in expected
     assert shape(maker(image_context=True)(media["image"], "image_to_text")) == expected
+
+
+def test_video_context_reads_the_frames_through_the_vision_encoder_and_only_videos(media):
+    world = shapes_world(video_context=True)
+    expected = shape(world.task_document("video_to_text", "val", 0))
+    assert expected[1] == ("context",)
+    assert shape(world.task_document("image_to_text", "val", 0))[1] == ("image", False)  # images: codes
+    make = maker(video_context=True)
+    assert shape(make(media["video"], "video_to_text")) == expected
+    assert make(media["video"], "video_to_text")[1].pixels.shape == (3, 5, 32, 32)
+    assert shape(make(media["image"], "image_to_text"))[1] == ("image", False)
+    assert shape(make(media["video"], "text_to_video"))[1] == ("video", True)  # generation: still codes
+    no_tokenizer = MediaSupport(image=False, video=False, audio=False)
+    assert Task.VIDEO_TO_TEXT in no_tokenizer.tasks(image_context=False, video_context=True)
+    assert Task.VIDEO_TO_TEXT not in no_tokenizer.tasks(image_context=False)
+    assert Task.TEXT_TO_VIDEO not in no_tokenizer.tasks(image_context=False, video_context=True)
+    clip_codes = PairedSample("c", "clip", VisualSegment(codes=torch.zeros(2 * 85).long(), video=True))
+    with pytest.raises(BadSample, match="video_context reads pixels"):
+        make(clip_codes, "video_to_text")
+    with pytest.raises(BadSample, match="cannot take context videos"):
+        maker(video_context=True, support=MediaSupport(context=False))(media["video"], "video_to_text")
 
 
 def test_a_prompt_follows_bos_and_is_never_predicted(media):

@@ -211,6 +211,7 @@ class ConversationDataModule(DocumentDataModule):
         vocab: the model's unified vocabulary; it needs the role tokens (`chat: true`).
         media: how media are decoded and sized (None sizes come from the model at setup).
         image_context: a user's images are read through the vision encoder instead of as codes.
+        video_context: a user's videos are read frame by frame through the vision encoder instead of as codes.
         tokenizer: a tokenizer JSON; None: the starting point's (`init_from`, handed over by the task), else
             a BPE trained at setup on the sources' texts.
         tokenizer_size: vocabulary of that BPE (None: vocab.text_size).
@@ -228,6 +229,7 @@ class ConversationDataModule(DocumentDataModule):
         vocab: UnifiedVocab = UnifiedVocab(chat=True),
         media: MediaSpec = MediaSpec(),
         image_context: bool = False,
+        video_context: bool = False,
         tokenizer: str | None = None,
         tokenizer_size: int | None = None,
         tokenizer_texts: int = 20_000,
@@ -246,6 +248,7 @@ class ConversationDataModule(DocumentDataModule):
                 "(a model pretrained without them grows by them with init_from)"
             )
         self.sources, self.media, self.image_context = list(sources), media, image_context
+        self.video_context = video_context
         self.tokenizer_path, self.tokenizer_size, self.tokenizer_texts = (
             tokenizer,
             tokenizer_size,
@@ -274,7 +277,7 @@ class ConversationDataModule(DocumentDataModule):
         assert self.tokenizer is not None
         return DocumentMaker(
             self.vocab, self.tokenizer, self.layout, self.builder.seq_len, self.image_context,
-            support=self.support,
+            support=self.support, video_context=self.video_context,
         )  # fmt: skip
 
     # -- splits ------------------------------------------------------------------------------------

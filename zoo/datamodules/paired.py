@@ -133,6 +133,8 @@ class PairedDataModule(DocumentDataModule):
         bpe_dropout: BPE-dropout probability of training captions and texts (0: none), seeded per sample
             and epoch.
         image_context: image_to_text reads images through the vision encoder instead of as codes.
+        video_context: video_to_text reads a video's frames through the vision encoder (one context group a
+            frame) instead of as the causal 3D tokenizer's codes.
         interleaved_media: media inside interleaved documents are "input" (understood) or "predict"
             (generated in place).
         tokenizer: a tokenizer JSON; None trains a BPE on the training sources' texts at setup.
@@ -161,6 +163,7 @@ class PairedDataModule(DocumentDataModule):
         uncond_prob: float = 0.1,
         bpe_dropout: float = 0.0,
         image_context: bool = False,
+        video_context: bool = False,
         interleaved_media: InterleavedMedia = "input",
         tokenizer: str | None = None,
         tokenizer_size: int | None = None,
@@ -188,7 +191,7 @@ class PairedDataModule(DocumentDataModule):
             raise ValueError("tokenizer_texts and shuffle_buffer must be >= 1 and predict_samples >= 0")
         self.sources, self.val_sources = list(sources), list(val_sources or [])
         self.val_fraction, self.configured_layout, self.media = val_fraction, layout, media
-        self.uncond_prob, self.image_context = uncond_prob, image_context
+        self.uncond_prob, self.image_context, self.video_context = uncond_prob, image_context, video_context
         self.interleaved_media = interleaved_media
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
         self.tokenizer_texts = tokenizer_texts
@@ -215,14 +218,16 @@ class PairedDataModule(DocumentDataModule):
         if model is not None or self.configured_layout is not None:  # (the default layout is a guess)
             layout.latent_frames(self.video_frames)  # a clip that does not fit the stride is refused now
         encoder = getattr(model, "vision_encoder", None)
-        if self.image_context and encoder is not None and encoder.image_size != self.spec.image_size:
+        context = (self.image_context or self.video_context) and encoder is not None
+        if context and encoder.image_size != self.spec.image_size:
             raise ValueError(
-                f"image_context: the vision encoder reads {encoder.image_size}-pixel images but media are "
-                f"sized {self.spec.image_size} (the visual tokenizer's); give both the same image_size"
+                f"image_context / video_context: the vision encoder reads {encoder.image_size}-pixel images "
+                f"but media are sized {self.spec.image_size} (the visual tokenizer's); give both the same "
+                "image_size"
             )
         self.layout = self.builder.layout = layout
         self.support = MediaSupport.of(model)
-        self.supported = self.support.tasks(self.image_context)
+        self.supported = self.support.tasks(self.image_context, self.video_context)
 
     def setup(self, stage: str | None = None) -> None:
         self.resolve_media(self.trainer_model())
@@ -284,7 +289,7 @@ class PairedDataModule(DocumentDataModule):
         assert self.tokenizer is not None
         return DocumentMaker(
             self.vocab, self.tokenizer, self.layout, self.builder.seq_len, self.image_context,
-            self.interleaved_media, self.support, dropout,
+            self.interleaved_media, self.support, dropout, self.video_context,
         )  # fmt: skip
 
     def text_map(self, split: str) -> PairedMap:  # type: ignore[override]

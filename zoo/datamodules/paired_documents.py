@@ -8,7 +8,7 @@ of texts and media in any order:
     text_to_image    <bos> caption <boi> image <eoi> <eos>      (`uncond`: the caption dropped)
     image_to_text    <bos> <boi> image <eoi> caption <eos>      (codes, or the encoder: `image_context`)
     text_to_video    <bos> caption <bov> video <eov> <eos>      (`uncond`: the caption dropped)
-    video_to_text    <bos> <bov> video <eov> caption <eos>
+    video_to_text    <bos> <bov> video <eov> caption <eos>      (codes, or the encoder: `video_context`)
     text_to_audio    <bos> caption <boa> audio <eoa> <eos>
     audio_to_text    <bos> <boa> audio <eoa> caption <eos>
     interleaved      <bos> part part ... <eos>                  (texts predicted; media: `interleaved_media`)
@@ -19,7 +19,8 @@ A source's prompt for a task (`Prompts`) is plain text right after `<bos>`, neve
 it with the caption, since generation's unconditional prompt is `<bos> <boi>`.
 
 `DocumentMaker` accepts media as pixels and waves or as codes alike (`VisualSegment(codes=...)`,
-`AudioSegment(codes=...)`); only `image_context` needs pixels (the vision encoder reads them).
+`AudioSegment(codes=...)`); only `image_context` and `video_context` need pixels (the vision encoder reads
+them).
 
 What a sample is in an epoch (`draw`: its task, whether its caption drops out, the seed of its captions'
 BPE-dropout) is a function of (seed, epoch, the sample's key) alone. The key is the sample's identity
@@ -129,24 +130,28 @@ class MediaSupport:
         """`BadSample` naming `where` when these media cannot take `media` (as a context image)."""
         if isinstance(media, AudioSegment):
             ok, what = self.audio, "audio (there is no audio codec)"
+        elif as_context:
+            kind = "videos" if media.is_video else "images"
+            ok, what = self.context, f"context {kind} (there is no vision encoder)"
         elif media.is_video:
             ok, what = self.video, "video (there is no causal 3D visual tokenizer)"
-        elif as_context:
-            ok, what = self.context, "context images (there is no vision encoder)"
         else:
             ok, what = self.image, "images (there is no visual tokenizer)"
         if not ok:
             raise BadSample(f"{where}: cannot take {what}")
 
-    def tasks(self, image_context: bool) -> frozenset[Task]:
-        """The tasks a model with these media can train."""
+    def tasks(self, image_context: bool, video_context: bool = False) -> frozenset[Task]:
+        """The tasks a model with these media can train (understanding through the vision encoder where
+        `image_context` / `video_context` say so)."""
         tasks = {Task.CAPTION, Task.INTERLEAVED}
         if self.image:
             tasks.add(Task.TEXT_TO_IMAGE)
         if self.context if image_context else self.image:
             tasks.add(Task.IMAGE_TO_TEXT)
         if self.video:
-            tasks |= {Task.TEXT_TO_VIDEO, Task.VIDEO_TO_TEXT}
+            tasks.add(Task.TEXT_TO_VIDEO)
+        if self.context if video_context else self.video:
+            tasks.add(Task.VIDEO_TO_TEXT)
         if self.audio:
             tasks |= {Task.TEXT_TO_AUDIO, Task.AUDIO_TO_TEXT}
         return frozenset(tasks)
@@ -210,6 +215,8 @@ class DocumentMaker:
         seq_len: the packed row length; a longer document is a `BadSample` naming the sample.
         image_context: image_to_text (and interleaved input images) read the image through the vision
             encoder (`ContextSegment`, needs pixels) instead of as the visual tokenizer's codes.
+        video_context: video_to_text (and interleaved input videos) read the video's frames through the
+            vision encoder, one context group a frame, instead of as the causal 3D tokenizer's codes.
         interleaved_media: media inside interleaved documents are "input" (understood: codes, or context
             images) or "predict" (generated in place: their codes are targets).
         support: the media the model takes; a part it cannot take is a `BadSample`.
@@ -227,6 +234,7 @@ class DocumentMaker:
         interleaved_media: InterleavedMedia = "input",
         support: MediaSupport = MediaSupport(),
         dropout: float = 0.0,
+        video_context: bool = False,
     ) -> None:
         if interleaved_media not in ("input", "predict"):
             raise ValueError(f"interleaved_media must be 'input' or 'predict', got {interleaved_media!r}")
@@ -234,6 +242,7 @@ class DocumentMaker:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
         self.vocab, self.tokenizer, self.layout, self.seq_len = vocab, tokenizer, layout, seq_len
         self.image_context, self.interleaved_media, self.support = image_context, interleaved_media, support
+        self.video_context = video_context
         self.dropout = dropout
 
     def __call__(
@@ -300,16 +309,24 @@ class DocumentMaker:
         return [*document, TextSegment([self.vocab.eos_id])]
 
     def media(self, media: Media, predict: bool, where: str, context: bool = False) -> Segment:
-        """`media` as the segment a task wants: predicted or not, an image through the vision encoder
-        when `context` and `image_context`."""
-        self.support.check(media, where, context and self.image_context)
-        if context and self.image_context and isinstance(media, VisualSegment) and not media.is_video:
+        """`media` as the segment a task wants: predicted or not, an image (a video) through the vision
+        encoder when `context` and `image_context` (`video_context`)."""
+        as_context = context and self.reads_as_context(media)
+        self.support.check(media, where, as_context)
+        if as_context:
             if media.pixels is None:
+                flag, kind = ("video_context", "video") if media.is_video else ("image_context", "image")
                 raise BadSample(
-                    f"{where}: image_context reads pixels through the vision encoder; this image is codes"
+                    f"{where}: {flag} reads pixels through the vision encoder; this {kind} is codes"
                 )
             return ContextSegment(media.pixels)
         return replace(media, predict=predict)
+
+    def reads_as_context(self, media: Media) -> bool:
+        """Whether understanding reads `media` through the vision encoder rather than as codes."""
+        if not isinstance(media, VisualSegment):
+            return False
+        return self.video_context if media.is_video else self.image_context
 
     # -- prompts for generation and understanding (zoo predict) ------------------------------------
     def generation_prompt(self, task: str, caption: str, prompt: str = "") -> list[int]:

@@ -11,8 +11,8 @@ A document is a list of segments; each segment lays out its own groups:
 - `AudioSegment` (NCP): `<boa>`, one group per codec frame, `<eoa>`. A frame position's input is its
   own codes and it predicts the next frame's (the `<boa>` position predicts frame 0, the last frame
   predicts "end of audio"), so the input of a frame is the previous frame, as in the paper.
-- `ContextSegment`: an image seen by the vision encoder: `<boi>`, one group of encoder tokens (no
-  targets), `<eoi>`.
+- `ContextSegment`: an image (or a video's frames) seen by the vision encoder: `<boi>`, one group of
+  encoder tokens (no targets), `<eoi>`; a video `<bov>`, one such group per frame (frames advance t), `<eov>`.
 
 Media travel as pixels, waveforms or codes in the batch's typed payloads (`zoo.batch.VisualPayload`,
 `AudioPayload`, `ContextPayload`), with per-position slots that say which visual token / audio frame /
@@ -114,11 +114,27 @@ class AudioSegment:
 
 @dataclass
 class ContextSegment:
-    """An image `[3, H, W]` for the vision encoder: one group of context embeddings, never a target.
-    `predict_opener=False`: the position before its `<boi>` gets no target (as `VisualSegment`'s)."""
+    """An image `[3, H, W]` or a video `[3, T, H, W]` for the vision encoder, never a target: one group of
+    context embeddings per image, or per frame of a video (each frame encoded as a still, as ERNIE's
+    encoder reads a video's sampled frames). `predict_opener=False`: the position before its `<boi>` /
+    `<bov>` gets no target (as `VisualSegment`'s)."""
 
     pixels: Tensor
     predict_opener: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pixels.dim() not in (3, 4) or self.pixels.shape[0] != 3:
+            got = list(self.pixels.shape)
+            raise ValueError(f"context pixels must be [3, H, W] or [3, T, H, W], got {got}")
+
+    @property
+    def is_video(self) -> bool:
+        return self.pixels.dim() == 4
+
+    @property
+    def frames(self) -> list[Tensor]:
+        """The stills the encoder reads, `[3, H, W]` each: the image, or every frame of the video."""
+        return list(self.pixels.unbind(1)) if self.is_video else [self.pixels]
 
 
 Segment = TextSegment | VisualSegment | AudioSegment | ContextSegment
@@ -200,7 +216,7 @@ class MediaLayout:
             frames = len(segment.codes) if segment.codes is not None else self.audio_frames(len(segment.wave))
             return 2 + frames
         if isinstance(segment, ContextSegment):
-            return 2 + self.context_grid[0] * self.context_grid[1]
+            return 2 + len(segment.frames) * self.context_grid[0] * self.context_grid[1]
         raise TypeError(f"unknown segment type {type(segment).__name__}")
 
 
@@ -338,18 +354,21 @@ class _RowWriter:
     def context(self, segment: ContextSegment) -> None:
         vocab = self.b.vocab
         rows, cols = self.b.layout.context_grid
-        self.text(vocab.special("<boi>"), segment.predict_opener)
+        begin, end = ("<bov>", "<eov>") if segment.is_video else ("<boi>", "<eoi>")
+        self.text(vocab.special(begin), segment.predict_opener)
         self.media_break()
-        self.media["context"].append(segment.pixels)
-        token = len(self.media["context"]) - 1
         t0 = self.t
-        for r in range(rows):
-            for c in range(cols):
-                p = self._put(vocab.pad_id, Modality.CONTEXT, t0, t0 + r, t0 + c, False)
-                self.set("context_slot", p, token * rows * cols + r * cols + c)
-        self.group += 1
-        self.t = t0 + max(rows, cols)
-        self.text(vocab.special("<eoi>"), True)
+        frames = segment.frames
+        for f, still in enumerate(frames):  # one group a frame: a frame sees itself and the frames before it
+            self.media["context"].append(still)
+            token = len(self.media["context"]) - 1
+            for r in range(rows):
+                for c in range(cols):
+                    p = self._put(vocab.pad_id, Modality.CONTEXT, t0 + f, t0 + r, t0 + c, False)
+                    self.set("context_slot", p, token * rows * cols + r * cols + c)
+            self.group += 1
+        self.t = t0 + max(len(frames), rows, cols)
+        self.text(vocab.special(end), True)
 
     def end_document(self) -> None:
         ids = self.cols["ids"]

@@ -8,13 +8,15 @@ index) with the task weights below, so one batch mixes modalities and the router
     image_to_text    <bos> <boi> image <eoi> caption <eos>       (the image as codes, or through the
                                                                    vision encoder when `image_context`)
     text_to_video    <bos> caption <bov> video <eov> <eos>       (captions name motion)
-    video_to_text    <bos> <bov> video <eov> caption <eos>
-    text_to_audio    <bos> caption <boa> speech <eoa> <eos>
+    video_to_text    <bos> <bov> video <eov> caption <eos>       (codes, or frame by frame through the
+                                                                   vision encoder when `video_context`)
+    text_to_audio    <bos> caption <boa> speech <eoa> <eos>       (caption dropped with p = audio_uncond_prob)
     audio_to_text    <bos> <boa> speech <eoa> caption <eos>
 
 In generation tasks the caption is the condition (not a target); in understanding tasks the caption is
-the target. Dropping the caption in a share of text-to-image documents teaches the unconditional model
-that classifier-free guidance needs (`<bos> <boi>` is its prompt).
+the target. Dropping the caption in a share of text-to-image (and, with `audio_uncond_prob`, text-to-speech)
+documents teaches the unconditional model that classifier-free guidance needs (`<bos> <boi>`, `<bos> <boa>`
+are its prompts).
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             tokenizers and encoder (the model checks).
         caption_weight .. audio_to_text_weight: relative frequency of each task (0 disables it).
         uncond_prob: share of text-to-image/video documents whose caption is dropped (for guidance).
+        audio_uncond_prob: the same for text-to-speech documents (0: none; guided speech needs them).
         image_context: image-to-text reads the image through the vision encoder (context group)
             instead of the visual tokenizer's codes.
+        video_context: video-to-text reads the clip's frames through the vision encoder (one context group
+            a frame) instead of the causal 3D tokenizer's codes.
         image_size: rendered image side in pixels (the visual tokenizer's input size).
         video_frames: frames per video (1 + temporal_stride * k).
         world_seed: which world (held-out pairs and every scene follow from it).
@@ -86,6 +91,8 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         audio_to_text_weight: float = 0.0,
         uncond_prob: float = 0.1,
         image_context: bool = False,
+        video_context: bool = False,
+        audio_uncond_prob: float = 0.0,
         image_size: int = 32,
         video_frames: int = 5,
         world_seed: int = 0,
@@ -120,14 +127,18 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         if min(weights) < 0 or sum(weights) <= 0:
             named = dict(zip(map(str, SHAPES_TASKS), weights, strict=True))
             raise ValueError(f"task weights must be >= 0 with a positive sum, got {named}")
-        if not 0.0 <= uncond_prob < 1.0:
-            raise ValueError(f"uncond_prob must lie in [0, 1), got {uncond_prob}")
+        if not (0.0 <= uncond_prob < 1.0 and 0.0 <= audio_uncond_prob < 1.0):
+            raise ValueError(
+                f"uncond_prob and audio_uncond_prob must lie in [0, 1), got {uncond_prob} and "
+                f"{audio_uncond_prob}"
+            )
         if train_size < 1 or val_size < 1:
             raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
         layout.latent_frames(video_frames)  # refuses a frame count that does not fit the stride
         self.layout = layout
         self.weights: dict[str, float] = dict(zip(SHAPES_TASKS, weights, strict=True))
-        self.uncond_prob, self.image_context = uncond_prob, image_context
+        self.uncond_prob, self.image_context, self.video_context = uncond_prob, image_context, video_context
+        self.audio_uncond_prob = audio_uncond_prob
         self.image_size, self.video_frames = image_size, video_frames
         self.world = ShapesWorld(seed=world_seed, min_objects=min_objects, max_objects=max_objects)
         self.motion_world = ShapesWorld(
@@ -174,6 +185,12 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         seed = stable_seed("multimodal-speech", self.seed, split, index, epoch if split == "train" else 0)
         return torch.from_numpy(render_speech(text, seed, SAMPLE_RATE))
 
+    def read(self, pixels: torch.Tensor) -> ContextSegment | VisualSegment:
+        """An image `[3, H, W]` or a video `[3, T, H, W]` as understanding reads it: through the vision
+        encoder (`image_context` / `video_context`) or as the visual tokenizer's codes."""
+        through_encoder = self.video_context if pixels.dim() == 4 else self.image_context
+        return ContextSegment(pixels) if through_encoder else VisualSegment(pixels, predict=False)
+
     def make_document(self, split: str, index: int, epoch: int) -> Document:
         task = self.task_of(split, index, epoch)
         return self.task_document(task, split, index, epoch)
@@ -194,18 +211,13 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             if split == "train" and rng.random() < self.uncond_prob:
                 return [bos, media, eos]
             return [TextSegment([vocab.bos_id, *caption], predict=False), media, eos]
-        if task == Task.IMAGE_TO_TEXT:
-            pixels = self.image(scene)
-            media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
+        if task in (Task.IMAGE_TO_TEXT, Task.VIDEO_TO_TEXT):
+            media = self.read(self.video(scene) if video else self.image(scene))
             return [bos, media, TextSegment([*caption, vocab.eos_id])]
-        if task == Task.VIDEO_TO_TEXT:
-            return [
-                bos,
-                VisualSegment(self.video(scene), predict=False),
-                TextSegment([*caption, vocab.eos_id]),
-            ]
         spoken = self.speech(world.caption(scene), split, index, epoch)
         if task == Task.TEXT_TO_AUDIO:
+            if split == "train" and rng.random() < self.audio_uncond_prob:
+                return [bos, AudioSegment(spoken), eos]
             return [TextSegment([vocab.bos_id, *caption], predict=False), AudioSegment(spoken), eos]
         if task == Task.AUDIO_TO_TEXT:
             return [bos, AudioSegment(spoken, predict=False), TextSegment([*caption, vocab.eos_id])]
@@ -261,11 +273,9 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         if task == Task.AUDIO_TO_TEXT:
             media = AudioSegment(load_audio(path), predict=False)
         elif task == Task.VIDEO_TO_TEXT:
-            video = load_video(path, frames=self.video_frames, size=self.image_size)
-            media = VisualSegment(video, predict=False)
+            media = self.read(load_video(path, frames=self.video_frames, size=self.image_size))
         else:
-            pixels = load_image(path, size=self.image_size)
-            media = ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False)
+            media = self.read(load_image(path, size=self.image_size))
         return MediaRequest(task, Path(path).stem, document=[bos, media])
 
     def predict_dataloader(self) -> DataLoader:
@@ -282,13 +292,9 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         """A media-to-caption prompt document (media then nothing: the model writes the caption)."""
         bos = TextSegment([self.vocab.bos_id])
         if task == Task.IMAGE_TO_TEXT:
-            pixels = self.image(scene)
-            return [
-                bos,
-                ContextSegment(pixels) if self.image_context else VisualSegment(pixels, predict=False),
-            ]
+            return [bos, self.read(self.image(scene))]
         if task == Task.VIDEO_TO_TEXT:
-            return [bos, VisualSegment(self.video(scene), predict=False)]
+            return [bos, self.read(self.video(scene))]
         if task == Task.AUDIO_TO_TEXT:
             return [bos, AudioSegment(self.speech(self.world.caption(scene), split, index, 0), predict=False)]
         raise ValueError(f"{task!r} is not an understanding task")

@@ -79,6 +79,9 @@ class Pipeline:
         media: how input media are decoded (fit policy, clip start, ...; sizes come from the model).
         refinement: the diffusion refiner applied to generated images and video frames after the tokenizer's
             decode (`zoo.models.refinement`); None: the decode as it is.
+        video_context: read input videos frame by frame through the vision encoder (as `video_context: true`
+            training does) rather than as the causal 3D tokenizer's codes. None: the encoder when the model
+            has one and no causal 3D tokenizer, else the codes.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Pipeline:
         image_context: bool | None = None,
         media: MediaSpec = MediaSpec(),
         refinement: ImageRefinement | None = None,
+        video_context: bool | None = None,
     ) -> None:
         if tokenizer.vocab_size > model.vocab.text_size:
             raise ValueError(
@@ -98,11 +102,15 @@ class Pipeline:
         model.decode_text_with(tokenizer.vocab_size)
         if image_context is None:
             image_context = model.visual_tokenizer is None and model.vision_encoder is not None
+        if video_context is None:
+            temporal = model.visual_tokenizer is not None and bool(model.visual_tokenizer.temporal)
+            video_context = not temporal and model.vision_encoder is not None
         self.layout = MediaLayout.of(model)
         self.spec = media.resolved_for(model)
         seq_len = model.backbone.max_seq_len
         self.maker = DocumentMaker(
-            model.vocab, tokenizer, self.layout, seq_len, image_context, support=MediaSupport.of(model)
+            model.vocab, tokenizer, self.layout, seq_len, image_context, support=MediaSupport.of(model),
+            video_context=video_context,
         )
         self.builder = SequenceBuilder(model.vocab, seq_len, layout=self.layout)
         if refinement is not None and model.nfsp is not None:
@@ -396,6 +404,7 @@ def pipeline(
     revision: str | None = None,
     local_files_only: bool = False,
     refiner: str | RefinerSettings | None = None,
+    video_context: bool | None = None,
 ) -> Pipeline:
     """A `Pipeline` over a Lightning checkpoint of `UnifiedPretraining` (a `.ckpt` file or an FSDP2 folder), a
     folder `zoo export` / `save_pretrained` wrote, or a Hugging Face Hub repo id. Loading executes nothing:
@@ -415,4 +424,4 @@ def pipeline(
         )
     settings = RefinerSettings(refiner) if isinstance(refiner, str) else refiner
     refinement = None if settings is None else settings.load(device)
-    return Pipeline(model, tokenizer, image_context, media, refinement)
+    return Pipeline(model, tokenizer, image_context, media, refinement, video_context)

@@ -6,7 +6,7 @@ Generation goes group by group, as training laid the sequence out (DESIGN.md, "e
 - `text_step`: the next text id(s) of every row, one group each;
 - `visual_scale_step`: scale k of a latent frame (NFSP, ERNIE 5.0 3.2): its s*s positions are one group
   on the finest grid (`zoo.batch.scale_coordinates`), their input the tokenizer's teacher-forcing features
-  of the coarser scales drawn so far; `guided_logits` mixes in classifier-free guidance;
+  of the coarser scales drawn so far (`zoo.models.sampling.guided_logits` mixes in classifier-free guidance);
 - `audio_frame_step`: one codec frame (NCP, 3.3), its levels' embeddings summed, one group;
 - `mtp_draft_step`: the first MTP module over positions the backbone just fed (speculative decoding).
 
@@ -250,14 +250,6 @@ def visual_scale_step(
             recording.fed(out, batch)
         hidden.append(out.hidden)
     return torch.cat(hidden, dim=1)
-
-
-def guided_logits(logits: Tensor, guidance: float, conditional: int) -> Tensor:
-    """Classifier-free guidance `l_uncond + g (l_cond - l_uncond)` over rows laid out as the `conditional`
-    rows, then as many unconditional ones; g = 0 leaves the logits as they are (no unconditional rows)."""
-    if guidance == 0:
-        return logits
-    return logits[conditional:] + guidance * (logits[:conditional] - logits[conditional:])
 
 
 def audio_frame_step(

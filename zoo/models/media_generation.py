@@ -6,7 +6,8 @@ Generation goes group by group, as training laid the sequence out (DESIGN.md, "b
   `logits = l_uncond + g * (l_cond - l_uncond)` against the caption-less prompt `<bos><boi>`.
   `raster=True` instead runs one position per step (the token-by-token baseline of `benchmarks/nfsp.py`).
 - NCP (`speak`): one backbone step per codec frame; the depth head samples the frame's levels in order
-  and stops a row when level 1 samples END.
+  and stops a row when level 1 samples END; optionally guided as NFSP is, against `<bos><boa>` (each level
+  drawn from the guided mix of both rows' depth logits, and the frame drawn fed to both).
 - Text about media (`generate_text_after`): the prompt batch (media groups included) is prefilled once,
   then text continues one token per step (`zoo.models.generation.stream_text`).
 
@@ -25,13 +26,12 @@ from zoo.batch import GroupBatch, Modality
 from zoo.models.decode import (
     Recording,
     audio_frame_step,
-    guided_logits,
     prefill,
     text_prompts,
     visual_scale_step,
 )
 from zoo.models.generation import collect, stream_text
-from zoo.models.sampling import Sampler
+from zoo.models.sampling import Sampler, guided_logits
 
 if TYPE_CHECKING:
     from zoo.models.decodable import DecodingModel
@@ -121,6 +121,7 @@ def speak(
     sampler: Sampler,
     recording: Recording | None = None,
     feed_last: bool = False,
+    guidance: float = 0.0,
 ) -> tuple[list[Tensor], list[bool]]:
     """NCP: codec codes `[F_i, Q]` per prompt (unified ids ending with `<boa>`) and whether level 1 sampled
     END, which stops row i (else `max_frames[i]` frames do).
@@ -128,20 +129,28 @@ def speak(
     Per step the depth head samples every row's frame from its last state (`NCP.sample_frame`), then the
     frames are fed, one group each. feed_last: feed each row's last frame too, so that every frame has a
     position (RL records its routing). recording: per row the log-probs of its decisions, Q a frame, then
-    END's; the routing of the positions fed for it.
+    END's; the routing of the positions fed for it. guidance: classifier-free guidance weight g against the
+    caption-less prompt `<bos><boa>` (0: off; for a model trained with caption-less speech documents, such
+    as ShapesWorld's `audio_uncond_prob` makes).
     """
     ncp = model.ncp
     if ncp is None:
         raise ValueError("this model has no audio codec: it cannot generate audio")
     if len(max_frames) != len(prompts) or min(max_frames, default=0) < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+    if guidance < 0:
+        raise ValueError(f"cfg_scale must be >= 0, got {guidance}")
     _check_prompt_ends(model, prompts, ("<boa>",))
-    out, cursor, cache = prefill(model, text_prompts(model, prompts), max(max_frames), recording)
-    hidden, b = out.hidden[:, -1], len(prompts)
+    b = len(prompts)
+    rows = list(prompts)
+    if guidance > 0:  # the unconditional rows follow the conditional ones and are fed the same frames
+        rows += [[model.vocab.bos_id, p[-1]] for p in prompts]
+    out, cursor, cache = prefill(model, text_prompts(model, rows), max(max_frames), recording)
+    hidden = out.hidden[:, -1]
     frames: list[list[Tensor]] = [[] for _ in range(b)]
     ended, live = [False] * b, [True] * b
     for _ in range(max(max_frames)):
-        codes, end, logprobs = ncp.sample_frame(hidden, sampler)
+        codes, end, logprobs = ncp.sample_frame(hidden, sampler, guidance)
         stopped = [i for i, e in enumerate(end.tolist()) if e and live[i]]
         spoken = [i for i in range(b) if live[i] and i not in stopped]
         for i in stopped:  # END sampled: nothing more to feed for this row
@@ -154,7 +163,7 @@ def speak(
         fed = [i for i in spoken if feed_last or len(frames[i]) < max_frames[i]]
         if not fed:
             break
-        out = audio_frame_step(model, cache, codes, cursor, recording, fed)
+        out = audio_frame_step(model, cache, codes.repeat(len(rows) // b, 1), cursor, recording, fed)
         for i in spoken:
             live[i] = len(frames[i]) < max_frames[i]
         hidden, cursor = out.hidden[:, -1], cursor.advance()
@@ -172,12 +181,14 @@ def generate_audio(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    cfg_scale: float = 0.0,
 ) -> list[Tensor]:
-    """Codec codes `[F_i, Q]` per prompt (unified ids ending with `<boa>`), stopping at END or max_frames."""
+    """Codec codes `[F_i, Q]` per prompt (unified ids ending with `<boa>`), stopping at END or max_frames.
+    cfg_scale: classifier-free guidance weight (0: off; see `speak`)."""
     if max_frames < 1:
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
     sampler = Sampler(temperature, top_k, top_p, generator)
-    return speak(model, prompts, [max_frames] * len(prompts), sampler)[0]
+    return speak(model, prompts, [max_frames] * len(prompts), sampler, guidance=cfg_scale)[0]
 
 
 @torch.no_grad()

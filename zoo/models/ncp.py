@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from zoo.batch import AudioItem, AudioPayload, GroupBatch
 from zoo.models.heads import HeadOutput
-from zoo.models.sampling import Sampler, entropy, log_probs
+from zoo.models.sampling import Sampler, entropy, guided_logits, log_probs
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.vocab import UnifiedVocab
 
@@ -181,15 +181,22 @@ class NCP(nn.Module):
         return codes, ended
 
     @torch.no_grad()
-    def sample_frame(self, hidden: Tensor, sampler: Sampler) -> tuple[Tensor, Tensor, Tensor]:
+    def sample_frame(
+        self, hidden: Tensor, sampler: Sampler, guidance: float = 0.0
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """As `sample`, plus `[B, Q]` log-probs of each sampled level (`zoo.models.sampling`: before top-k /
-        top-p filtering); column 0 is END's for a row that ended, its other columns are meaningless."""
-        b = hidden.shape[0]
+        top-p filtering); column 0 is END's for a row that ended, its other columns are meaningless.
+
+        guidance g > 0: `hidden` holds B conditional states then B unconditional ones; every level is drawn
+        from `l_uncond + g (l_cond - l_uncond)`, both depth passes reading the levels drawn so far."""
+        rows = hidden.shape[0]
+        b = rows // 2 if guidance > 0 else rows
         codes = torch.zeros(b, self.levels, dtype=torch.long, device=hidden.device)
         ended = torch.zeros(b, dtype=torch.bool, device=hidden.device)
         logprobs = torch.zeros(b, self.levels, device=hidden.device)
         for q in range(self.levels):
-            logits = self._valid(self.depth_logits(hidden, codes)[q], q)
+            depth = self.depth_logits(hidden, codes.repeat(rows // b, 1))[q]
+            logits = self._valid(guided_logits(depth, guidance, b), q)
             token = sampler.sample(logits)
             logprobs[:, q] = sampler.logprob(logits, token)
             if q == 0:

@@ -41,6 +41,14 @@ def sample(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
+def guided_logits(logits: Tensor, guidance: float, conditional: int) -> Tensor:
+    """Classifier-free guidance `l_uncond + g (l_cond - l_uncond)` over rows laid out as the `conditional`
+    rows, then as many unconditional ones; g = 0 leaves the logits as they are (no unconditional rows)."""
+    if guidance == 0:
+        return logits
+    return logits[conditional:] + guidance * (logits[:conditional] - logits[conditional:])
+
+
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")

@@ -66,6 +66,7 @@ class ShapesRLDataModule(QueryDataModule):
         video_frames: frames per clip (1 + temporal_stride * k), read or drawn (the RL engine draws
             video responses of this length: `RLTask.video_frames`).
         image_context: images go through the vision encoder (context group) instead of the visual tokenizer.
+        video_context: videos go frame by frame through the vision encoder instead of the 3D tokenizer.
         world_seed: which ShapesWorld (as in pretraining: the demo's is 0).
         min_objects: fewest objects per scene.
         max_objects: most objects per scene (as in pretraining: the demo's is 2).
@@ -81,6 +82,7 @@ class ShapesRLDataModule(QueryDataModule):
         image_size: int = 32,
         video_frames: int = 5,
         image_context: bool = False,
+        video_context: bool = False,
         world_seed: int = 0,
         min_objects: int = 1,
         max_objects: int = 2,
@@ -115,6 +117,7 @@ class ShapesRLDataModule(QueryDataModule):
             video_to_text_weight=float(Task.VIDEO_TO_TEXT in tasks),
             audio_to_text_weight=float(Task.AUDIO_TO_TEXT in tasks),
             image_context=image_context,
+            video_context=video_context,
             image_size=image_size,
             video_frames=video_frames,
             world_seed=world_seed,

@@ -164,6 +164,7 @@ class MultimodalGallery(L.Callback):
         score_splits: further splits scored too, under `<split>/` keys (`test/image_to_text/exact`), no
             pictures: e.g. ["test"] to see how far held-out compositions fall behind.
         cfg_scale: classifier-free guidance weight for image and video generation.
+        audio_cfg_scale: guidance weight for caption to speech (0: off; for data with `audio_uncond_prob`).
         temperature: sampling temperature.
         top_k: top-k filtering of every sampled token (None: off).
         seed: sampling seed.
@@ -182,8 +183,10 @@ class MultimodalGallery(L.Callback):
         top_k: int | None = 8,
         seed: int = 0,
         refiner: RefinerSettings | None = None,
+        audio_cfg_scale: float = 0.0,
     ) -> None:
         self.num_samples, self.split, self.cfg_scale = num_samples, split, cfg_scale
+        self.audio_cfg_scale = audio_cfg_scale
         self.score_splits = list(score_splits or [])
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
         self.refinement = None if refiner is None else refiner.load()
@@ -204,7 +207,7 @@ class MultimodalGallery(L.Callback):
         def scored(split: str):  # noqa: ANN202 (an Evaluation)
             return evaluate(
                 pl_module.model, datamodule, self.num_samples, split, self.cfg_scale, self.temperature,
-                self.top_k, seed=self.seed, refinement=self.refinement,
+                self.top_k, seed=self.seed, refinement=self.refinement, audio_cfg_scale=self.audio_cfg_scale,
             )
 
         result = scored(self.split)

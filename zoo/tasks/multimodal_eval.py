@@ -77,10 +77,15 @@ def supported_tasks(model: UnifiedModel, data: ShapesMultimodalDataModule) -> li
             continue
         if task.media == "audio" and model.ncp is None:
             continue
+        context = (task is Task.IMAGE_TO_TEXT and data.image_context) or (
+            task is Task.VIDEO_TO_TEXT and data.video_context
+        )
+        if context:  # read through the vision encoder, whatever the visual tokenizer
+            tasks.append(task)
+            continue
         if task.media == "video" and (model.nfsp is None or not model.nfsp.tokenizer.temporal):
             continue
-        context = task is Task.IMAGE_TO_TEXT and data.image_context
-        if task.media == "image" and model.nfsp is None and not context:
+        if task.media == "image" and model.nfsp is None:
             continue
         tasks.append(task)
     return tasks
@@ -145,12 +150,14 @@ def evaluate(
     tasks: list[str] | None = None,
     caption_temperature: float = 0.0,
     refinement: ImageRefinement | None = None,
+    audio_cfg_scale: float = 0.0,
 ) -> Evaluation:
     """Score the model on `n` scenes of `split` per task; metrics are keyed `task/verifier`.
 
     Media are sampled at `temperature` with `top_k` (and guidance `cfg_scale`); captions are decoded at
     `caption_temperature` (0: greedy, the one best answer, which is what exact match should judge).
-    refinement: also refine and score the caption-to-image decodes (the same codes; `refined_*` keys)."""
+    refinement: also refine and score the caption-to-image decodes (the same codes; `refined_*` keys).
+    audio_cfg_scale: guidance of caption to speech (0: off; for a model trained with caption-less speech)."""
     if data.tokenizer is None:
         data.setup("validate")
     if refinement is not None and model.nfsp is not None:  # refused before any generation
@@ -164,7 +171,8 @@ def evaluate(
         world = data.motion_world if task.media == "video" else data.world
         scenes = world.scenes(split, n)
         if task in GENERATION:
-            _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_audio_frames,
+            guidance = audio_cfg_scale if task == Task.TEXT_TO_AUDIO else cfg_scale
+            _evaluate_generation(model, data, task, scenes, guidance, temperature, top_k, max_audio_frames,
                                  generator, cpu_generator, result)
             if refinement is not None and task == Task.TEXT_TO_IMAGE:
                 _refine_samples(task, refinement, result)
@@ -186,7 +194,7 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
                          generator, cpu_generator, result) -> None:  # noqa: ANN001 (internal)
     prompts = [data.generation_prompt(task, s) for s in scenes]
     if task == Task.TEXT_TO_AUDIO:
-        codes = generate_audio(model, prompts, max_frames, temperature, top_k, None, generator)
+        codes = generate_audio(model, prompts, max_frames, temperature, top_k, None, generator, cfg_scale)
         media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
         q, size = model.ncp.levels, model.ncp.size
         baseline = [

@@ -26,6 +26,7 @@ class VerifierCurve(L.Callback):
         every_n_steps: training steps between evaluations.
         scenes: val scenes per task (fixed: the first `scenes` of the split, so points are comparable).
         cfg_scale: classifier-free guidance weight for image and video generation.
+        audio_cfg_scale: guidance weight for caption to speech (0: off; for data with `audio_uncond_prob`).
         temperature: media sampling temperature.
         top_k: top-k filtering of sampled media tokens (None: off).
         seed: sampling seed (the same at every point).
@@ -39,11 +40,13 @@ class VerifierCurve(L.Callback):
         temperature: float = 1.0,
         top_k: int | None = 8,
         seed: int = 0,
+        audio_cfg_scale: float = 0.0,
     ) -> None:
         if every_n_steps < 1 or scenes < 1:
             raise ValueError(f"every_n_steps and scenes must be >= 1, got {every_n_steps} and {scenes}")
         self.every_n_steps, self.scenes, self.cfg_scale = every_n_steps, scenes, cfg_scale
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
+        self.audio_cfg_scale = audio_cfg_scale
         self._last_step = -1
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
@@ -67,7 +70,7 @@ class VerifierCurve(L.Callback):
         was_training = pl_module.training
         result = evaluate(
             pl_module.model, data, self.scenes, "val", self.cfg_scale, self.temperature, self.top_k,
-            seed=self.seed,
+            seed=self.seed, audio_cfg_scale=self.audio_cfg_scale,
         )
         pl_module.train(was_training)
         point = {k: round(v, 4) for k, v in result.metrics.items() if "ci95" not in k and "baseline" not in k}
