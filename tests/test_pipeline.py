@@ -251,3 +251,26 @@ def test_zoo_chat_in_a_terminal_session(parts, tmp_path):
     answer, help_line = done.stdout.splitlines()
     assert answer == Pipeline(*parts)("a small red", max_new_tokens=5, temperature=0)
     assert help_line.startswith("commands: /image")
+
+
+def test_a_model_with_a_vision_encoder_and_no_3d_tokenizer_reads_a_video_frame_by_frame(parts, tmp_path):
+    from zoo.models.backbone import UnifiedTransformer
+    from zoo.models.vision import DualPathEncoder
+    from zoo.tokenizers.vocab import UnifiedVocab
+
+    _, tokenizer = parts
+    backbone = UnifiedTransformer(dim=48, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=16,
+                                  top_k=1, max_seq_len=256)
+    vocab = UnifiedVocab(text_size=tokenizer.vocab_size, visual_size=512, audio_size=256, audio_levels=2)
+    model = UnifiedModel(backbone, vocab, mtp_depth=0, vision_encoder=DualPathEncoder(out_dim=48)).eval()
+    reader = Pipeline(model, tokenizer)
+    path = tmp_path / "clip.gif"
+    frames = [picture(seed, (32, 32)) for seed in range(5)]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100)
+    batch = reader.prompt_batch(None, video=path)
+    assert batch.visual is None and batch.context.pixels.shape == (5, 3, 32, 32)  # one still a frame
+    assert int((batch.context.slot >= 0).sum()) == 5 * 16
+    assert batch.input_ids[0, -(5 * 16 + 2)] == vocab.special("<bov>")
+    assert isinstance(reader(video=path, max_new_tokens=4, temperature=0), str)
+    with pytest.raises(ValueError, match="cannot take video"):  # as codes, this model has no 3D tokenizer
+        Pipeline(model, tokenizer, video_context=False).prompt_batch(None, video=path)
