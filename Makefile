@@ -22,9 +22,9 @@ demo: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/multimodal.yaml
 
 # The video demo (issue 19): the causal 3D tokenizer inflated from the demo's 2D one, then the tiny unified model
-# on ShapesWorld clips (caption to video, video to caption, captions) and its gallery
-# (runs/demo/video/latest/gallery/gallery.md). Needs `make demo`'s first stage (its 2D visual tokenizer,
-# runs/demo/visual_tokenizer/latest/visual_tokenizer.safetensors): run `make demo` first.
+# on ShapesWorld clips (caption to video, video to caption through the vision encoder, captions) and its gallery
+# (runs/demo/video/latest/gallery/gallery.md). Needs `make demo`'s first and third stages (its 2D visual
+# tokenizer and its vision encoder, under runs/demo/): run `make demo` first.
 demo-video: $(STAMP)
 	$(BIN)/zoo fit --config configs/demo/video_tokenizer.yaml
 	$(BIN)/zoo fit --config configs/demo/video.yaml

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from zoo.cli import ZooCLI
-from zoo.datamodules.sequence import document_length
+from zoo.datamodules.sequence import VisualSegment, document_length
 from zoo.hub import build_from_config
 from zoo.task_names import Task
 from zoo.tasks.callbacks import MultimodalGallery
@@ -52,6 +52,14 @@ def write_untrained(spec: dict, target: Path) -> None:
     save_weights_file(build_from_config(spec), target)
 
 
+def write_video_demo_inputs(root: Path) -> None:
+    """Untrained stand-ins for what the video demo loads: the video tokenizer stage's weights and `make demo`
+    stage 3's vision encoder."""
+    write_untrained(tokenizer_spec(load("video.yaml")), root / written_by(load("video_tokenizer.yaml")))
+    encoder = load("video.yaml")["model"]["init_args"]["model"]["init_args"]["vision_encoder"]
+    write_untrained(encoder, root / encoder["init_args"]["weights"])
+
+
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)  # the configs' relative runs/ paths land here, never in the repo
@@ -80,8 +88,7 @@ def test_the_video_demo_loads_the_tokenizer_the_video_tokenizer_stage_writes():
 
 
 def test_the_video_demo_trains_and_scores_only_captions_and_the_two_video_tasks(in_tmp: Path):
-    config = load("video.yaml")
-    write_untrained(tokenizer_spec(config), in_tmp / written_by(load("video_tokenizer.yaml")))
+    write_video_demo_inputs(in_tmp)
     cli = ZooCLI(args=["--config", str(DEMO / "video.yaml")], run=False)
     model, data = cli.model.model, cli.datamodule
     data.setup("fit")
@@ -96,7 +103,7 @@ def test_the_video_demo_trains_and_scores_only_captions_and_the_two_video_tasks(
 
 
 def test_the_video_gallery_keys_scores_by_task_and_shows_every_clip(in_tmp: Path):
-    write_untrained(tokenizer_spec(load("video.yaml")), in_tmp / written_by(load("video_tokenizer.yaml")))
+    write_video_demo_inputs(in_tmp)
     cli = ZooCLI(args=["--config", str(DEMO / "video.yaml")], run=False)
     result = evaluate(cli.model.model, cli.datamodule, n=2, max_caption_tokens=4)
     for task in ("text_to_video", "video_to_text"):
@@ -116,25 +123,24 @@ def test_make_demo_video_runs_the_video_tokenizer_then_the_video_demo():
     assert configs == ["configs/demo/video_tokenizer.yaml", "configs/demo/video.yaml"]
 
 
-def test_the_video_context_overlay_reads_clips_through_the_demo_vision_encoder(in_tmp: Path):
-    overlay = REPO / "configs" / "experiments" / "demo_video_context.yaml"
-    model_args = yaml.safe_load(overlay.read_text())["model"]["init_args"]["model"]["init_args"]
-    encoder = model_args["vision_encoder"]
+def test_the_video_demo_reads_clips_through_the_vision_encoder_make_demo_trains(in_tmp: Path):
+    encoder = load("video.yaml")["model"]["init_args"]["model"]["init_args"]["vision_encoder"]
     demo_encoder = load("multimodal.yaml")["model"]["init_args"]["model"]["init_args"]["vision_encoder"]
     assert encoder == demo_encoder  # the encoder `make demo` stage 3 trains, loaded from where it writes it
-    write_untrained(tokenizer_spec(load("video.yaml")), in_tmp / written_by(load("video_tokenizer.yaml")))
-    write_untrained(encoder, in_tmp / encoder["init_args"]["weights"])
-    args = ["--config", str(DEMO / "video.yaml"), "--config", str(overlay)]
-    cli = ZooCLI(args=args, run=False)
-    model, data = cli.model.model, cli.datamodule
-    data.setup("fit")
-    assert supported_tasks(model, data) == [Task.TEXT_TO_VIDEO, Task.VIDEO_TO_TEXT]
-    document = data.task_document(Task.VIDEO_TO_TEXT, "train", 0)
-    assert type(document[1]).__name__ == "ContextSegment" and document[1].pixels.shape[1] == data.video_frames
-    codes = load("video.yaml")
-    assert "video_context" not in codes["data"]["init_args"]  # the demo itself reads the clip as codes
-    batch = data.builder.collate([document])
-    assert batch.context is not None and batch.visual is None
-    assert model(batch).loss.isfinite()
-    result = evaluate(model, data, n=2, max_caption_tokens=4, tasks=[Task.VIDEO_TO_TEXT])
-    assert "video_to_text/attribute_accuracy" in result.metrics
+    write_video_demo_inputs(in_tmp)
+    codes_overlay = REPO / "configs" / "experiments" / "demo_video_codes.yaml"
+    for args, context in ((["--config", str(DEMO / "video.yaml")], True),
+                          (["--config", str(DEMO / "video.yaml"), "--config", str(codes_overlay)], False)):
+        cli = ZooCLI(args=args, run=False)
+        model, data = cli.model.model, cli.datamodule
+        data.setup("fit")
+        assert supported_tasks(model, data) == [Task.TEXT_TO_VIDEO, Task.VIDEO_TO_TEXT]
+        document = data.task_document(Task.VIDEO_TO_TEXT, "train", 0)
+        batch = data.builder.collate([document])
+        assert (batch.context is not None) == context and (batch.visual is None) == context
+        if context:  # 5 frames of 4x4 tokens instead of 255 codes
+            assert document[1].pixels.shape[1] == data.video_frames
+            assert document_length(document, data.layout) < document_length(
+                [document[0], VisualSegment(document[1].pixels, predict=False), document[2]], data.layout
+            )
+        assert model(batch).loss.isfinite()
