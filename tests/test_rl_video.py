@@ -279,7 +279,8 @@ def model_section(path: Path) -> dict:
     """The unified model a config builds, without the file its tokenizer's weights come from (init_from
     brings them to RL)."""
     model = yaml.safe_load(path.read_text())["model"]["init_args"]["model"]
-    model["init_args"]["visual_tokenizer"]["init_args"].pop("weights", None)
+    for component in ("visual_tokenizer", "vision_encoder"):
+        model["init_args"][component]["init_args"].pop("weights", None)
     return model
 
 
@@ -294,7 +295,8 @@ def test_the_video_rl_config_starts_from_the_video_demos_checkpoint_and_architec
     demo = yaml.safe_load(VIDEO_DEMO.read_text())
     assert demo["trainer"]["default_root_dir"] == "runs/demo/video"
     assert model_section(VIDEO_RL) == model_section(VIDEO_DEMO), "init_from would refuse the demo's weights"
-    assert config["data"]["init_args"]["video_frames"] == demo["data"]["init_args"]["video_frames"]
+    for read_as in ("video_frames", "video_context"):
+        assert config["data"]["init_args"][read_as] == demo["data"]["init_args"][read_as]
 
 
 @pytest.mark.slow
