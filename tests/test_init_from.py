@@ -138,3 +138,30 @@ def test_pretraining_sft_and_rl_start_from_the_same_loader(tmp_path, tokenizer):
     assert torch.equal(wq, source.backbone.layers[0].attention.wq.weight)
     rl = RLTask(tiny(PLAIN, seed=3), init_from=checkpoint)
     assert same_weights(rl.model, source) and rl.init_tokenizer.to_json() == tokenizer.to_json()
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "export", "grown vocabulary"])
+@pytest.mark.parametrize("inside", [True, False], ids=["zoo fit's deferred build", "a deferred model"])
+def test_a_model_built_on_meta_starts_from_the_weights_a_plain_model_loads(tmp_path, tokenizer, kind, inside):
+    """FSDP2's meta init (zoo fit under parallel.fsdp builds the task inside `deferred_init`; in Python, a
+    model built deferred is handed to the task): the source is read deferred too, nothing is loaded before
+    `materialize`, and the materialised weights are those a plain model loads from the same source."""
+    from zoo.meta_init import deferred_init, deferred_plan, is_deferred, materialize
+
+    source = tiny(PLAIN, seed=1)
+    if kind == "checkpoint":
+        where, vocab = str(write_checkpoint(source, tokenizer, tmp_path / "pretrain.ckpt")), PLAIN
+    else:
+        where = str(save_pretrained(source, tmp_path / "export", tokenizer))
+        vocab = CHAT if kind == "grown vocabulary" else PLAIN
+    plain = tiny(vocab, seed=2)
+    load_starting_weights(plain, where)
+    with deferred_init():
+        model = tiny(vocab, seed=2)
+        if inside:
+            load_starting_weights(model, where)
+    if not inside:
+        load_starting_weights(model, where)
+    assert is_deferred(model) and all(p.is_meta for p in model.parameters()), "nothing loaded yet"
+    materialize(model, deferred_plan(model))
+    assert same_weights(model, plain)

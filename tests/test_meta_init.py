@@ -69,6 +69,14 @@ def test_a_deferred_build_holds_its_parameters_on_meta_and_its_buffers_for_real(
         model = create_model("tiny", **TINY)
     assert is_deferred(model)
     assert all(p.is_meta for p in model.parameters())
+    # Nor does it keep the tensors the parameters were created as (`torch.empty`: allocated memory, resident
+    # once the allocator reuses pages a freed tensor touched) where an init overwrote them whole: what stays
+    # real is the few created with values (norm weights, `torch.ones`), not a model's worth.
+    records = {id(r): r for r in deferred_plan(model).values()}.values()
+    real = [r.created for r in records if isinstance(r.created, torch.Tensor) and not r.created.is_meta]
+    kept = sum(t.nbytes for t in real)
+    total = sum(p.nbytes for p in model.parameters())
+    assert kept < 0.02 * total, f"the records keep {kept} of the parameters' {total} bytes"
     # Buffers are built for real: the rotary table is the plain build's.
     torch.manual_seed(0)
     plain = create_model("tiny", **TINY)
@@ -154,6 +162,27 @@ def test_a_task_built_in_python_holds_its_model_once_not_again_in_its_initial_hy
     assert not any(isinstance(leaf, (nn.Module, torch.Tensor)) for leaf in initial)
     assert task.hparams_initial == task.hparams
     assert not any(record.copied for record in deferred_plan(task).values())
+
+
+def test_a_copy_from_another_deferred_parameter_replays_its_value_at_that_point():
+    """Loading one deferred model into another (init_from under meta init) is recorded, not refused: the copy
+    reads the source's value as it was then (a view of it included), not what the source became later."""
+    torch.manual_seed(0)
+    plain_source, plain_target = nn.Linear(4, 6), nn.Linear(4, 6)
+    with torch.no_grad():
+        plain_target.weight.copy_(plain_source.weight)
+        plain_target.bias[:3].copy_(plain_source.bias[3:])
+        plain_source.weight.zero_()  # written after the copy: the target must not see it
+    torch.manual_seed(0)
+    with deferred_init():
+        source, target = nn.Linear(4, 6), nn.Linear(4, 6)
+        with torch.no_grad():
+            target.weight.copy_(source.weight)
+            target.bias[:3].copy_(source.bias[3:])
+            source.weight.zero_()
+    model = nn.ModuleDict({"source": source, "target": target})
+    materialize(model, deferred_plan(model))
+    assert_same_weights(nn.ModuleDict({"source": plain_source, "target": plain_target}), model)
 
 
 def test_a_write_that_cannot_be_replayed_is_refused_naming_the_op():

@@ -15,12 +15,18 @@ mismatched keys. One difference is bridged, and logged: a source trained without
 embedding and of the text head's output are the mean of the source's text rows (a new token starts as "some
 text": its logit is the average text logit, and its embedding a typical input), and every other row is the
 source's own. Any other difference of vocabularies is refused.
+
+A model built on `meta` (`zoo.meta_init`, as `zoo fit` builds it under FSDP2) reads its source deferred too:
+the source's weights stay in their memory-mapped files, and each tensor is read when `materialize` replays it
+into this rank's shard, so no rank holds a whole copy of the source (a distributed checkpoint folder excepted:
+torch.distributed.checkpoint reads its tensors into memory).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +34,7 @@ import torch
 from torch import Tensor
 
 from zoo.hub import from_pretrained, load_lightning_checkpoint, load_tokenizer
+from zoo.meta_init import deferred_init, is_deferred, value_of
 from zoo.models.unified import UnifiedModel
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import CHAT_TOKENS, UnifiedVocab
@@ -83,6 +90,7 @@ def grown_rows(weight: Tensor, source: UnifiedVocab) -> Tensor:
     """A text-head-sized `weight` [source.text_head_size, D] of a vocabulary without role tokens, with the
     role rows inserted after the other specials, each the mean of the source's text rows (module
     docstring)."""
+    weight = value_of(weight)  # a deferred source's rows, read now: their mean is computed, not replayed
     specials, text = weight[: source.num_special], weight[source.text_offset : source.visual_offset]
     role = text.mean(0, keepdim=True).expand(len(CHAT_TOKENS), -1)
     return torch.cat([specials, role, weight[source.text_offset :]])
@@ -139,11 +147,13 @@ def load_starting_weights(
     """Load the starting point `source` into `model`, strictly (module docstring); the rows it leaves fresh
     are logged and returned with the source's tokenizer (None when it holds none)."""
     where = str(source)
-    loaded, tokenizer = read_source(source, local_files_only)
-    state, fresh = adapt_state(loaded.state_dict(), loaded.vocab, model.vocab, where)
-    check_fits(model, state, where)
-    with torch.no_grad():
-        model.load_state_dict(state, strict=True)
+    # A deferred model: read the source deferred and record the copies (module docstring: no second copy).
+    with deferred_init() if is_deferred(model) else nullcontext():
+        loaded, tokenizer = read_source(source, local_files_only)
+        state, fresh = adapt_state(loaded.state_dict(), loaded.vocab, model.vocab, where)
+        check_fits(model, state, where)
+        with torch.no_grad():
+            model.load_state_dict(state, strict=True)
     if fresh:
         log.warning(
             "init_from %s: added the role tokens %s to its vocabulary; fresh rows (the mean of its text "

@@ -10,9 +10,12 @@ constructors do, in construction order, on one CPU random stream; re-deriving th
 with every new module. So construction is *recorded*:
 
 - `deferred_init()` patches `nn.Module.register_parameter`: each parameter is moved to `meta` as it is
-  registered, keeping the tensor it was created as (usually `torch.empty`: untouched pages, no resident
-  memory; the few created with values, `torch.zeros(...)`, keep those values). Buffers stay real: they are
-  small and often derived (rotary tables), and nothing would replay them.
+  registered, keeping the tensor it was created as until a write overwrites it whole (`normal_`, `copy_`:
+  then only its shape is kept). Most are `torch.empty`, whose pages stay untouched only until the allocator
+  hands out pages a freed tensor touched; keeping them all held a whole model's worth of allocated memory
+  (268 MB for `small`, and as much again for an `init_from` source: docs/scale.md). The few created with
+  values (`torch.ones(...)`) keep those values. Buffers stay real: they are small and often derived (rotary
+  tables), and nothing would replay them.
 - A `TorchDispatchMode` records every op that writes a deferred parameter (`normal_`, `uniform_`,
   `fill_`, `zero_`, a `copy_` from loaded weights, writes through views) with the view's geometry. A random
   op also records the generator's state and runs once on a scratch tensor of the same shape, so the stream
@@ -23,8 +26,11 @@ with every new module. So construction is *recorded*:
   construction (the visual tokenizer's, the audio codec's) are `copy_`s from the loaded tensors, replayed
   like any other write.
 
-What cannot be replayed is refused with the op and the parameter's shape named: a write from a tensor
-computed on `meta` (e.g. `orthogonal_`'s QR, or a copy from another deferred parameter).
+A write that reads another deferred parameter (or a view of one) is recorded as reading that parameter's value
+at that point: loading a model that was itself built deferred (`init_from` under FSDP2's meta init reads its
+source model this way, from memory-mapped files) costs no memory until the replay. What cannot be replayed is
+refused with the op and the parameter's shape named: a write from a tensor computed on `meta` (e.g.
+`orthogonal_`'s QR, or the mean of a deferred parameter; `value_of` gives a parameter's real value first).
 """
 
 from __future__ import annotations
@@ -55,6 +61,19 @@ class _Write:
     rng_state: Tensor | None = None  # the generator's state before a random op (None: not random)
 
 
+@dataclass(frozen=True)
+class _DeferredRead:
+    """A write's input that is (a view of) a deferred parameter: that parameter's value after its first
+    `n_writes` writes, seen through the view's geometry (size, stride, storage offset). Resolved at replay."""
+
+    record: ParameterRecord
+    n_writes: int
+    geometry: tuple[tuple[int, ...], tuple[int, ...], int]
+
+    def resolve(self) -> Tensor:
+        return self.record.replay(self.n_writes).as_strided(*self.geometry)
+
+
 @dataclass
 class ParameterRecord:
     """How one parameter came to be: the tensor it was created as (or a copy of another record's value after
@@ -71,19 +90,25 @@ class ParameterRecord:
         if isinstance(self.created, tuple):
             source, upto = self.created
             value = source.replay(upto).clone()
+        elif self.created.is_meta:  # its first write overwrites it whole (_OVERWRITING_OPS): any values do
+            value = torch.empty_like(self.created, device="cpu")
         else:
             value = self.created.clone() if self.copied else self.created
         for write in self.writes[:n_writes]:
             size, stride, offset = write.geometry
             view = value.as_strided(size, stride, offset)
-            kwargs = dict(write.kwargs)
+            args, kwargs = tree_map(_resolved, (write.args, dict(write.kwargs)))
             if write.rng_state is not None:
                 generator = torch.Generator()
                 generator.set_state(write.rng_state)
                 kwargs["generator"] = generator
             with torch.no_grad():
-                write.func(view, *write.args, **kwargs)
+                write.func(view, *args, **kwargs)
         return value
+
+
+def _resolved(value: object) -> object:
+    return value.resolve() if isinstance(value, _DeferredRead) else value
 
 
 def _storage_key(tensor: Tensor) -> StorageWeakRef:
@@ -98,6 +123,49 @@ _RECORDS: dict[StorageWeakRef, ParameterRecord] = {}
 def _prune_records() -> None:
     for key in [key for key in _RECORDS if key.expired()]:
         del _RECORDS[key]
+
+
+def _geometry(tensor: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    return tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset()
+
+
+def _as_deferred_read(value: object) -> object:
+    """A write's input: (a view of) a deferred parameter becomes a `_DeferredRead` of its value so far (the
+    parameter then replays on a copy: it is read again later); anything else stays as it is."""
+    if not isinstance(value, Tensor) or not value.is_meta:
+        return value
+    record = _RECORDS.get(_storage_key(value))
+    if record is None:
+        return value
+    record.copied = True
+    return _DeferredRead(record, len(record.writes), _geometry(value))
+
+
+# In-place ops whose result does not read the values they overwrite.
+_OVERWRITING_OPS = {
+    torch.ops.aten.copy_.default,
+    torch.ops.aten.fill_.Scalar,
+    torch.ops.aten.fill_.Tensor,
+    torch.ops.aten.zero_.default,
+    torch.ops.aten.normal_.default,
+    torch.ops.aten.uniform_.default,
+}
+
+
+def _overwrites_whole(func: torch._ops.OpOverload, write: _Write, record: ParameterRecord) -> bool:
+    """Whether `write` replaces every value of the parameter whatever it was (then the tensor it was created
+    as can go: a `torch.empty` is untouched memory only until the allocator hands out pages that a freed
+    tensor touched, and a build that keeps every one holds up to a whole model; measured in docs/scale.md).
+    Never for a record another one reads at an earlier write (`copied`): its writes are counted."""
+    created = record.created
+    return (
+        func in _OVERWRITING_OPS
+        and not record.copied
+        and isinstance(created, Tensor)
+        and not created.is_meta
+        and created.is_contiguous()
+        and write.geometry == _geometry(created)
+    )
 
 
 class _WriteRecorder(TorchDispatchMode):
@@ -117,7 +185,7 @@ class _WriteRecorder(TorchDispatchMode):
         if written is None:  # reads of a deferred parameter give meta results, which fail where used
             return func(*args, **kwargs)
         target, record = written
-        inputs = (args[1:], kwargs)
+        inputs = tree_map(_as_deferred_read, (args[1:], kwargs))
         for value in tree_flatten(inputs)[0]:
             if isinstance(value, Tensor) and value.is_meta:
                 raise NotImplementedError(
@@ -125,7 +193,7 @@ class _WriteRecorder(TorchDispatchMode):
                     "reads a tensor computed on the meta device (build this module outside zoo.meta_init."
                     "deferred_init, or initialise it with ops on the parameter itself)"
                 )
-        write = _Write(func, (tuple(target.size()), tuple(target.stride()), target.storage_offset()), *inputs)
+        write = _Write(func, _geometry(target), *inputs)
         if torch.Tag.nondeterministic_seeded in func.tags:
             generator = kwargs.get("generator") or torch.default_generator
             write.rng_state = generator.get_state()
@@ -133,6 +201,9 @@ class _WriteRecorder(TorchDispatchMode):
             scratch = torch.empty_strided(target.size(), target.stride(), dtype=target.dtype)
             func(scratch, *args[1:], **{**kwargs, "generator": generator})
         write.args = tree_map(lambda v: v.detach() if isinstance(v, Tensor) else v, write.args)
+        if _overwrites_whole(func, write, record):
+            # What came before no longer matters: forget it, and free the tensor the parameter was created as.
+            record.created, record.writes = record.created.to("meta"), []
         record.writes.append(write)
         return func(*args, **kwargs)
 
@@ -148,12 +219,18 @@ class _WriteRecorder(TorchDispatchMode):
         return None if record is None else (args[0], record)
 
 
+_DEFERRING = [False]  # inside a deferred_init block (a nested block adds nothing: one recorder at a time)
+
+
 @contextmanager
 def deferred_init() -> Iterator[None]:
     """Build modules inside this block with their parameters on `meta`, recording how a real build would have
     initialised them; `materialize` (after sharding) gives every rank those exact weights. Buffers are built
     for real. Every module whose parameters are registered inside the block is deferred (build datamodules
-    and other helpers outside it)."""
+    and other helpers outside it). Re-entrant: a block inside a block is the outer one."""
+    if _DEFERRING[0]:
+        yield
+        return
     recorder = _WriteRecorder()
     original = nn.Module.register_parameter
 
@@ -171,6 +248,7 @@ def deferred_init() -> Iterator[None]:
 
     _prune_records()
     nn.Module.register_parameter = register_deferred  # type: ignore[method-assign]
+    _DEFERRING[0] = True
     try:
         with recorder, warnings.catch_warnings():
             # Loading weights into a meta parameter is recorded (a copy_ replayed later), not lost.
@@ -178,11 +256,19 @@ def deferred_init() -> Iterator[None]:
             yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
+        _DEFERRING[0] = False
 
 
 def is_deferred(model: nn.Module) -> bool:
     """Whether any parameter of `model` was built by `deferred_init` and is not materialised yet."""
     return any(p.is_meta and _storage_key(p) in _RECORDS for p in model.parameters())
+
+
+def value_of(tensor: Tensor) -> Tensor:
+    """The real value of (a view of) a deferred parameter, replayed now on the CPU (its record stays, for
+    `materialize`); any other tensor as it is. For reading a deferred model's weights to compute with them."""
+    read = _as_deferred_read(tensor)
+    return read.resolve() if isinstance(read, _DeferredRead) else tensor
 
 
 def deferred_plan(model: nn.Module) -> dict[str, ParameterRecord]:
@@ -241,4 +327,4 @@ def materialize(
     _prune_records()  # the meta storages are gone: so are their records and the tensors they kept
 
 
-__all__ = ["ParameterRecord", "deferred_init", "deferred_plan", "is_deferred", "materialize"]
+__all__ = ["ParameterRecord", "deferred_init", "deferred_plan", "is_deferred", "materialize", "value_of"]

@@ -34,7 +34,8 @@ def _read_checkpoint(path: Path) -> dict:
     Lightning's `meta.pt`, consolidated into full tensors on this process (every tensor, optimizer states
     included: the models and components below read a folder in place instead)."""
     if not is_distributed_checkpoint(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
+        # Memory-mapped: a tensor is read when used (a deferred model's init_from reads each at its replay).
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     checkpoint = read_meta(path)

@@ -130,7 +130,8 @@ def load_weights(
             f"cannot load weights from {where}: Missing key(s) in state_dict: {missing[:8]}"
             + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         )
-    module.to(device)
+    if torch.device(device) != torch.device("cpu"):  # the files were read to the CPU; a deferred build
+        module.to(device)  # (zoo.meta_init) stays on meta until it is materialised
 
 
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
