@@ -161,8 +161,7 @@ def _overwrites_whole(func: torch._ops.OpOverload, write: _Write, record: Parame
     return (
         func in _OVERWRITING_OPS
         and not record.copied
-        and isinstance(created, Tensor)
-        and not created.is_meta
+        and isinstance(created, Tensor)  # (meta already after an earlier overwrite: its writes go too)
         and created.is_contiguous()
         and write.geometry == _geometry(created)
     )
