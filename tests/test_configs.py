@@ -17,6 +17,7 @@ import yaml
 from zoo.cli import ZooCLI, main
 from zoo.config import to_config
 from zoo.hub import build_from_config
+from zoo.init_from import adapt_state
 from zoo.registry import get_preset, list_models
 from zoo.tasks.pretrain import UnifiedPretraining
 from zoo.tokenizers.vocab import UnifiedVocab
@@ -169,19 +170,25 @@ def test_configs_directory_holds_the_quickstart_and_the_presets():
     assert PRESET_YAML, "no preset YAML found under configs/presets"
 
 
-@pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(CONFIGS)))
-def test_every_config_builds_its_task_and_datamodule_through_the_cli(
-    path: Path, in_tmp: Path
-):
-    args = [*cli_args(path), f"--trainer.default_root_dir={in_tmp}"]
+def meta_cli(path: Path, run_dir: Path) -> tuple[list[str], MetaZooCLI]:
+    """The config's command line and its task built on the meta device, with the weight files and starting
+    checkpoints it reads put in place under `run_dir` (untrained, as configured)."""
+    args = [*cli_args(path), f"--trainer.default_root_dir={run_dir}"]
     merged: dict = {}
     for flag, used in zip(args, args[1:], strict=False):
         if flag == "--config":
             merged = deep_merge(merged, load(Path(used)))
-    provide_weight_files(merged, in_tmp)
-    provide_whisper_folders(merged, in_tmp)
-    provide_starting_checkpoints(merged, in_tmp)
-    meta = MetaZooCLI(args=args, run=False)
+    provide_weight_files(merged, run_dir)
+    provide_whisper_folders(merged, run_dir)
+    provide_starting_checkpoints(merged, run_dir)
+    return args, MetaZooCLI(args=args, run=False)
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_config_builds_its_task_and_datamodule_through_the_cli(
+    path: Path, in_tmp: Path
+):
+    args, meta = meta_cli(path, in_tmp)
     n_params = count_parameters(meta.model)
     built = [meta]
     if n_params <= REAL_BUILD_LIMIT:
@@ -206,6 +213,24 @@ def test_every_config_builds_its_task_and_datamodule_through_the_cli(
         for name in (k for k in BACKBONE_ATTRIBUTES if k in preset.backbone):
             assert getattr(backbone, name) == preset.backbone[name], f"{path.name}: built {name} differs"
         assert meta.model.model.vocab == UnifiedVocab(**preset.vocab)
+
+
+# Configs whose model starts from `make demo`'s unified model (directly or through a stage that did), as their
+# headers say. `init_from` is strict, so each must be the demo's architecture tensor for tensor, role-token
+# rows aside: a stage config left behind when the demo changed fails here, not at the start of a run.
+FROM_DEMO = ["sft/shapes.yaml", "sft/tiny.yaml", "rl/grpo_shapes.yaml", *(f"rl/stages/{p.name}" for p in
+             sorted((CONFIGS / "rl" / "stages").glob("*.yaml")))]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", FROM_DEMO)
+def test_configs_started_from_the_demo_model_have_its_architecture(name: str, in_tmp: Path):
+    demo = meta_cli(CONFIGS / "demo" / "multimodal.yaml", in_tmp)[1].model.model
+    _, meta = meta_cli(CONFIGS / name, in_tmp)
+    model = meta.model.model
+    state, _ = adapt_state(demo.state_dict(), demo.vocab, model.vocab, "the demo model")
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    assert shapes == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert model.vocab.chat == ("sft/" in name or "stages/" in name)
 
 
 # --- presets in YAML equal the registry -------------------------------------------------------------
