@@ -10,12 +10,17 @@ untrained tokenizers and a 60-step supervised caption warm start (about 10 s), e
 parse and get graded rewards.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from rl_fit_helpers import fit_logging_metrics
 
+from zoo.datamodules.chat import chat_document
+from zoo.datamodules.instructions import INSTRUCTIONS, ShapesInstructions
+from zoo.datamodules.media_samples import MediaSpec
+from zoo.datamodules.paired_documents import DocumentMaker
 from zoo.datamodules.sequence import AudioSegment, MediaLayout, SequenceBuilder, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.models.backbone import UnifiedTransformer
@@ -33,6 +38,7 @@ from zoo.rl.verifiers import verifier_for
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+from zoo.world.speech import SAMPLE_RATE
 
 TASKS = ("image_to_text", "audio_to_text")
 
@@ -124,6 +130,47 @@ def test_caption_queries_are_seeded_disjoint_and_prompt_with_the_scenes_media(wa
         make_data(model, tasks=("text_to_smell",))
     with pytest.raises(ValueError, match="heldout_split"):
         make_data(model, heldout_split="train")
+
+
+def test_a_chat_model_is_prompted_as_sft_taught_it(warm):
+    """With role tokens, each task's prompt is the user's turn of SFT's ShapesInstructions conversation
+    for the same scene (in the first phrasing), then `<|assistant|>`; a drawing or speaking prompt then
+    opens the medium, as SFT's answer does."""
+    model = warm_model(warm)
+    vocab = replace(model.vocab, chat=True)
+    tasks = ("image_to_text", "audio_to_text", "text_to_image", "text_to_audio")
+    data = ShapesRLDataModule(
+        tasks=tasks, vocab=vocab, layout=MediaLayout.of(model), max_objects=1, heldout_size=64,
+        tokenizer_size=300,
+    )  # fmt: skip
+    data.setup()
+    maker = DocumentMaker(vocab, data.tokenizer, MediaLayout.of(model), 4096)
+    spec = MediaSpec(image_size=32, sample_rate=SAMPLE_RATE)
+    assistant = TextSegment([vocab.special("<|assistant|>")], predict=False)
+    for task, name in zip(tasks, ("describe_image", "describe_speech", "draw", "say"), strict=True):
+        sft = ShapesInstructions(**{n: float(n == name) for n in INSTRUCTIONS}, max_objects=1)
+        query = next(  # a held-out scene SFT asks about in the first phrasing
+            q for q in data.heldout_queries() if q.id.startswith(task)
+            and sft.task_of("val", int(q.id.split("/")[2]), 0)[1] == INSTRUCTIONS[name][0]
+        )  # fmt: skip
+        turns = sft.conversation("val", int(query.id.split("/")[2]), 0, spec)
+        taught = chat_document(maker, turns, answers_predicted=True)
+        prompt = data.base_prompt(query)
+        if task.startswith("text_to"):
+            assert prompt[-1] == vocab.special("<boi>" if task == "text_to_image" else "<boa>")
+            assert prompt[:-1] == [i for segment in taught[:4] for i in segment.ids]
+            assert taught[3] == assistant and taught[4].predict and taught[4].predict_opener
+            continue
+        assert len(prompt) == 5 and prompt[-1] == assistant
+        for ours, theirs in zip(prompt, taught, strict=False):
+            assert type(ours) is type(theirs) and not ours.predict
+            if isinstance(ours, TextSegment):
+                assert ours.ids == theirs.ids
+            elif isinstance(ours, VisualSegment):
+                assert torch.equal(ours.pixels, theirs.pixels)  # the same scene (speech: another voice)
+        assert data.decode(taught[5].ids) == query.answer
+    with pytest.raises(ValueError, match="no video conversations"):
+        ShapesRLDataModule(tasks=("video_to_text",), vocab=vocab)
 
 
 def test_an_ahrl_hint_follows_the_media_as_text(warm):

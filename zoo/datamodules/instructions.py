@@ -24,8 +24,9 @@ import torch
 
 from zoo.datamodules.chat import Turn
 from zoo.datamodules.conversations import ConversationSource
-from zoo.datamodules.media_samples import MediaSpec
+from zoo.datamodules.media_samples import Media, MediaSpec
 from zoo.datamodules.sequence import AudioSegment, VisualSegment
+from zoo.task_names import Task
 from zoo.world.render import render_image, to_tensor
 from zoo.world.scenes import ShapesWorld, stable_seed
 from zoo.world.speech import SAMPLE_RATE, render_speech
@@ -37,6 +38,23 @@ INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "say": ("Say", "Say this:", "Speak the words"),
 }
 SHAPES_INSTRUCTIONS = tuple(INSTRUCTIONS)
+# The pretraining task each instruction asks for (RL's chat prompts ask for a task this way: `user_turn`).
+INSTRUCTED_TASKS = {
+    "describe_image": Task.IMAGE_TO_TEXT,
+    "describe_speech": Task.AUDIO_TO_TEXT,
+    "draw": Task.TEXT_TO_IMAGE,
+    "say": Task.TEXT_TO_AUDIO,
+}
+
+
+def user_turn(task: str, instruction: str, caption: str, medium: Media | None, where: str = "") -> Turn:
+    """What the user says for instruction task `task`: the instruction and the medium to describe, or the
+    instruction and the caption to draw or say (`medium` None)."""
+    if task.startswith("describe"):
+        if medium is None:
+            raise ValueError(f"{task}: the user's turn needs the image or speech to describe")
+        return Turn("user", (instruction, medium), where)
+    return Turn("user", (f"{instruction} {caption}",), where)
 
 
 class ShapesInstructions(ConversationSource):
@@ -107,9 +125,8 @@ class ShapesInstructions(ConversationSource):
             if spec.sample_rate != SAMPLE_RATE:
                 wave = soxr.resample(wave, SAMPLE_RATE, spec.sample_rate).astype(np.float32)
             medium = AudioSegment(torch.from_numpy(np.ascontiguousarray(wave)))
-        if task.startswith("describe"):
-            return [Turn("user", (instruction, medium), where), Turn("assistant", (caption,), where)]
-        return [Turn("user", (f"{instruction} {caption}",), where), Turn("assistant", (medium,), where)]
+        answer = (caption,) if task.startswith("describe") else (medium,)
+        return [user_turn(task, instruction, caption, medium, where), Turn("assistant", answer, where)]
 
     def texts(self) -> Iterator[str]:
         for index in range(min(self.sizes["train"], 4096)):

@@ -18,6 +18,11 @@
   the share of the caption's words `zoo.world.speech.read_speech` hears in place in the decoded waveform
   (`verify_shapes_speech_words`: graded, where a whole scene read back from tiny-model speech is rare).
 
+A chat model (role tokens in the vocabulary) is prompted as SFT taught it: the user's turn of
+`zoo.datamodules.instructions.ShapesInstructions` for the same scene, in the task's first phrasing, then
+`<|assistant|>` (`<bos> <|user|> Describe this image. <boi> image <eoi> <|assistant|>`; `<bos> <|user|> Draw
+caption <|assistant|> <boi>`). SFT has no video conversations, so a chat model takes no video task here.
+
 Rewards are graded (1.0 iff every attribute is right), so the G responses of a query rarely tie. One
 batch mixes tasks; the router is never told which modality is which.
 
@@ -30,7 +35,11 @@ control (`UpdateConfig.permute_rewards`) applies to every task alike.
 
 from __future__ import annotations
 
-from zoo.datamodules.sequence import MediaLayout, TextSegment
+from zoo.datamodules.chat import chat_document
+from zoo.datamodules.instructions import INSTRUCTED_TASKS, INSTRUCTIONS, user_turn
+from zoo.datamodules.media_samples import Media
+from zoo.datamodules.paired_documents import DocumentMaker
+from zoo.datamodules.sequence import AudioSegment, MediaLayout, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.rl.data import QueryDataModule
 from zoo.rl.prompts import Prompt, is_document
@@ -50,6 +59,9 @@ TASKS = {
 # Tasks whose scenes move (their captions say how): the clips, read or drawn.
 MOVING = (Task.VIDEO_TO_TEXT, Task.TEXT_TO_VIDEO)
 _PROMPT_CACHE = 4096  # prompts kept (rendered speech is ~100 KB a prompt)
+_CHAT_PROMPT_LIMIT = 1 << 16  # positions; prompts are not packed rows, the model's context bounds them
+# Task -> the ShapesInstructions task whose user turn a chat model's prompt is.
+CHAT_INSTRUCTIONS = {task: name for name, task in INSTRUCTED_TASKS.items()}
 
 
 class ShapesRLDataModule(QueryDataModule):
@@ -125,7 +137,14 @@ class ShapesRLDataModule(QueryDataModule):
             max_objects=max_objects,
             seed=seed,
         )
+        if vocab.chat and (unasked := [t for t in tasks if t not in CHAT_INSTRUCTIONS]):
+            raise ValueError(
+                f"tasks {unasked}: a chat model is prompted as SFT's ShapesInstructions asks, and those have "
+                "no video conversations; use a vocabulary without role tokens, or tasks among "
+                f"{sorted(map(str, CHAT_INSTRUCTIONS))}"
+            )
         self._prompts: dict[str, Prompt] = {}
+        self._maker: DocumentMaker | None = None
 
     def _split(self, split: str) -> str:
         return "train" if split == "train" else self.heldout_split
@@ -154,7 +173,9 @@ class ShapesRLDataModule(QueryDataModule):
             task, split, index = query.id.split("/")
             if len(self._prompts) >= _PROMPT_CACHE:
                 self._prompts.pop(next(iter(self._prompts)))
-            if Task(task).generates:
+            if self.vocab.chat:
+                self._prompts[query.id] = self.chat_prompt(Task(task), query.answer, split, int(index))
+            elif Task(task).generates:
                 opener = self.vocab.special(Task(task).opener)
                 self._prompts[query.id] = [self.vocab.bos_id, *self.encode_text(query.answer), opener]
             else:
@@ -162,6 +183,30 @@ class ShapesRLDataModule(QueryDataModule):
                 scene = world.scene(int(index), split)
                 self._prompts[query.id] = self.scenes.understanding_prompt(task, scene, int(index), split)
         return self._prompts[query.id]
+
+    def chat_prompt(self, task: Task, caption: str, split: str, index: int) -> Prompt:
+        """With role tokens: the user's turn as SFT's `ShapesInstructions` writes it, in the first phrasing
+        of the task, then `<|assistant|>` (`chat_document`); a generation prompt then opens the medium."""
+        instruction_task = CHAT_INSTRUCTIONS[task]
+        instruction = INSTRUCTIONS[instruction_task][0]
+        medium: Media | None = None
+        if task == Task.IMAGE_TO_TEXT:
+            medium = VisualSegment(self.scenes.image(self.scenes.world.scene(index, split)), predict=False)
+        elif task == Task.AUDIO_TO_TEXT:
+            medium = AudioSegment(self.scenes.speech(caption, split, index, 0), predict=False)
+        document = chat_document(self.maker(), [user_turn(instruction_task, instruction, caption, medium)])
+        if not task.generates:
+            return document
+        return [*(i for segment in document for i in segment.ids), self.vocab.special(task.opener)]
+
+    def maker(self) -> DocumentMaker:
+        """Lays chat prompts out as SFT's conversations are (images read as pretraining reads them)."""
+        if self._maker is None:
+            self._maker = DocumentMaker(
+                self.vocab, self.ensure_tokenizer(), self.scenes.layout, _CHAT_PROMPT_LIMIT,
+                image_context=self.scenes.image_context, video_context=self.scenes.video_context,
+            )  # fmt: skip
+        return self._maker
 
     def base_prompt_ids(self, query: Query) -> list[int]:
         prompt = self.base_prompt(query)
