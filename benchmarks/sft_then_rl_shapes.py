@@ -66,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sft-lr", type=float, default=1e-3, help="peak rate of SFT and of the continued arm")
     p.add_argument("--rl-steps", type=int, default=None, help="RL steps per arm (default 60; quick 2)")
     p.add_argument("--rl-batch", type=int, default=None, help="queries per RL step, G = 8 (default 16)")
+    p.add_argument("--rl-lr", type=float, default=5e-5, help="RL's peak rate (grpo_shapes.yaml's: 5e-5)")
+    p.add_argument("--reuse", action="store_true", help="start RL from the continued / SFT exports in --out")
     p.add_argument("--eval-queries", type=int, default=None, help="held-out queries (default 256; quick 8)")
     p.add_argument("--out", default="/tmp/sft_shapes", help="working directory (policies, overlays)")
     p.add_argument("--threads", type=int, default=1)
@@ -141,7 +143,7 @@ def rl(args: argparse.Namespace, seed: int, start: Path, chat: bool, control: bo
     overlay = {
         "seed_everything": seed,
         "trainer": quiet_trainer(args.rl_steps, out, []),
-        "model": {"init_args": {"init_from": str(start), "update": update}},
+        "model": {"init_args": {"init_from": str(start), "update": update, "optim": {"lr": args.rl_lr}}},
         "data": {"init_args": {"tasks": args.tasks, "seed": seed}},
     }
     vocab = [f"--{part}.vocab.chat=true" for part in ("model.init_args.model.init_args", "data.init_args")]
@@ -167,7 +169,7 @@ def one_seed(args: argparse.Namespace, seed: int, warm, tokenizer) -> tuple[dict
     from dataclasses import replace
 
     from zoo.datamodules.sequence import MediaLayout
-    from zoo.hub import save_pretrained
+    from zoo.hub import from_pretrained, save_pretrained
     from zoo.rl.data_shapes import ShapesRLDataModule
 
     out = Path(args.out) / f"seed{seed}"
@@ -191,11 +193,14 @@ def one_seed(args: argparse.Namespace, seed: int, warm, tokenizer) -> tuple[dict
     score("warm_start", warm)
     starts = {"warm_start": Path(args.warm_start)}
     for name, train in (("continued", continued), ("sft", sft)):
+        starts[name] = out / name / "export"
+        if args.reuse:
+            score(name, from_pretrained(starts[name]))
+            continue
         begin = time.perf_counter()
         model = train(args, seed, out / name)
         timings[name] = round(time.perf_counter() - begin, 1)
         score(name, model)
-        starts[name] = out / name / "export"
         save_pretrained(model, starts[name], tokenizer=tokenizer)
     for arm in args.arms:
         start, control = ARMS[arm]
@@ -244,7 +249,7 @@ def main() -> None:
         "seeds": args.seeds,
         "sft_steps": args.sft_steps,
         "rl_steps": args.rl_steps,
-        "rl": f"grpo {args.rl_batch}x8, configs/rl/grpo_shapes.yaml",
+        "rl": f"grpo {args.rl_batch}x8, lr {args.rl_lr}, configs/rl/grpo_shapes.yaml",
         "arms": args.arms,
         **report(per_seed),
         "rewards": per_seed,  # per query, so that one-seed runs can be pooled (--merge)
