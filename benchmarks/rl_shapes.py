@@ -39,7 +39,7 @@ from _common import emit, log, machine_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RL_CONFIG = REPO / "configs" / "rl" / "grpo_shapes.yaml"
-DEMO = REPO / "runs" / "demo" / "multimodal" / "checkpoints" / "last.ckpt"
+DEMO = REPO / "runs" / "demo" / "multimodal" / "latest" / "checkpoints" / "last.ckpt"
 
 
 def parse_args() -> argparse.Namespace:

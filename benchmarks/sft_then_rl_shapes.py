@@ -42,7 +42,7 @@ from sft_then_rl import summarise  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-DEMO = REPO / "runs" / "demo" / "multimodal" / "checkpoints" / "last.ckpt"
+DEMO = REPO / "runs" / "demo" / "multimodal" / "latest" / "checkpoints" / "last.ckpt"
 # RL arms: (start, permuted rewards); the chat vocabulary follows from the start (SFT's has role tokens).
 ARMS = {
     "rl_warm": ("warm_start", False),
