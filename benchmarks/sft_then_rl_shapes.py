@@ -40,6 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, log, machine_info  # noqa: E402
 from sft_then_rl import summarise  # noqa: E402
 
+from zoo.datamodules.instructions import SHAPES_INSTRUCTIONS  # noqa: E402
+from zoo.rl.data_shapes import CHAT_INSTRUCTIONS  # noqa: E402
+from zoo.task_names import Task  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 DEMO = REPO / "runs" / "demo" / "multimodal" / "latest" / "checkpoints" / "last.ckpt"
@@ -51,7 +55,8 @@ ARMS = {
     "control_warm": ("warm_start", True),
     "control_sft": ("sft", True),
 }
-INSTRUCTION_OF = {"image_to_text": "describe_image", "audio_to_text": "describe_speech"}
+# The captioning tasks and the ShapesInstructions conversations SFT trains each on (as RL's chat prompts ask).
+INSTRUCTION_OF = {task: CHAT_INSTRUCTIONS[Task(task)] for task in ("image_to_text", "audio_to_text")}
 EXPERT_BIAS = {"class_path": "zoo.tasks.callbacks.ExpertBiasUpdate", "init_args": {"gamma": 0.001}}
 
 
@@ -121,7 +126,7 @@ def continued(args: argparse.Namespace, seed: int, out: Path):
 
 def sft(args: argparse.Namespace, seed: int, out: Path):
     """SFT from the warm start on ShapesInstructions' captioning conversations only."""
-    source = {n: 0.0 for n in ("describe_image", "describe_speech", "draw", "say")}
+    source = {n: 0.0 for n in SHAPES_INSTRUCTIONS}
     source.update({INSTRUCTION_OF[t]: 1.0 for t in args.tasks})
     source.update(train_size=4096, max_objects=2, seed=seed)
     overlay = {
