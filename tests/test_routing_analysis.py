@@ -231,6 +231,7 @@ def test_zoo_analyze_writes_json_and_figures_for_a_tiny_text_image_audio_checkpo
 def test_zoo_analyze_names_a_missing_checkpoint_and_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="nothing.ckpt"):
         cli_main(["analyze", "--checkpoint", str(tmp_path / "nothing.ckpt"), "--out", str(tmp_path)])
+    assert torch.is_grad_enabled()  # a failed analysis leaves the process's autograd on (later tests train)
     from zoo.analysis.command import datamodule_from_config
 
     config = tmp_path / "model_only.yaml"

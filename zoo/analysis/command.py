@@ -247,18 +247,18 @@ def analyze_main(argv: list[str]) -> None:
         "--save_tokens", action="store_true", help=f"also write every token's choices ({TOKENS_NAME})"
     )
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
-    result = analyze_checkpoint(
-        args.checkpoint,
-        args.out,
-        args.batches,
-        args.config,
-        args.split,
-        args.batch_size,
-        args.top_fraction,
-        progress=not args.no_progress,
-        save_tokens=args.save_tokens,
-    )
+    with torch.no_grad():  # not set_grad_enabled(False): a caller in the same process keeps its gradients
+        result = analyze_checkpoint(
+            args.checkpoint,
+            args.out,
+            args.batches,
+            args.config,
+            args.split,
+            args.batch_size,
+            args.top_fraction,
+            progress=not args.no_progress,
+            save_tokens=args.save_tokens,
+        )
     for line in summary_lines(result):
         print(line)
     out = Path(args.out)
