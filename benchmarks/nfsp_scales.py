@@ -8,7 +8,8 @@ Then, for j = 0 .. K (K scales):
   the ceiling.
 - `argmax_accuracy`: teacher-forced (all coarser scales true), the share of each scale's codes that the
   model's guided argmax gets right.
-A big step from forced_j to forced_{j+1} says scale j+1 is where the model loses the scene.
+A big step from forced_j to forced_{j+1} says scale j+1 is where the model loses the scene; each forced_j also
+says which attributes it loses there (cell, colour, shape, size: `generation_errors.py`).
 
     .venv/bin/python benchmarks/nfsp_scales.py runs/demo/multimodal/latest/checkpoints/last.ckpt [--scenes 32]
 
@@ -25,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, log, machine_info  # noqa: E402
+from generation_errors import errors  # noqa: E402
 
 from zoo.batch import Modality  # noqa: E402
 from zoo.datamodules.sequence import MediaLayout  # noqa: E402
@@ -88,9 +90,11 @@ def main() -> None:
     true_codes = nfsp.tokenizer.encode(pixels)
 
     def read(codes: list[torch.Tensor]) -> dict[str, float]:
-        scores = [verify_image(image, s) for image, s in zip(nfsp.decode(codes), scenes, strict=True)]
+        """Attribute accuracy, and exact with the attribute-by-attribute errors of `generation_errors.py`."""
+        images = nfsp.decode(codes)
+        scores = [verify_image(image, s) for image, s in zip(images, scenes, strict=True)]
         return {"attributes": round(sum(x.attribute_accuracy for x in scores) / len(scores), 4),
-                "exact": round(sum(float(x.exact) for x in scores) / len(scores), 4)}  # fmt: skip
+                **errors(images, scenes)}  # fmt: skip
 
     result: dict[str, object] = {}
     for forced in range(len(nfsp.scales) + 1):

@@ -89,3 +89,21 @@ def test_spectrogram_picture_shows_a_tone_at_its_height(tmp_path):
 def test_spectrogram_refuses_a_stereo_array(tmp_path):
     with pytest.raises(ValueError, match="mono wave"):
         save_spectrogram_png(np.zeros((2, 100), dtype=np.float32), tmp_path / "x.png")
+
+
+def test_exact_is_also_given_by_the_number_of_objects_and_the_page_shows_it(tmp_path):
+    from zoo.tasks.multimodal_eval import _scored
+
+    world = ShapesWorld(seed=0, max_objects=2)
+    scenes = world.scenes("val", 24)
+    ones = [s for s in scenes if len(s.objects) == 1][:3]
+    twos = [s for s in scenes if len(s.objects) == 2][:2]
+    # One-object scenes verified against their own render (exact), two-object ones against another's.
+    scores = [verify_image(to_tensor(render_image(s)), s) for s in ones]
+    scores += [verify_image(to_tensor(render_image(ones[0])), s) for s in twos]
+    metrics = _scored("text_to_image", scores, scores, ones + twos)
+    assert metrics["text_to_image/exact_objects_1"] == 1.0 and metrics["text_to_image/scenes_objects_1"] == 3
+    assert metrics["text_to_image/exact_objects_2"] == 0.0 and metrics["text_to_image/scenes_objects_2"] == 2
+    assert metrics["text_to_image/exact"] == pytest.approx(3 / 5)
+    text = write_gallery(Evaluation(metrics, []), tmp_path).read_text()
+    assert "| 1: 1.00 of 3; 2: 0.00 of 2 |" in text

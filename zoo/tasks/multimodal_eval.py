@@ -112,8 +112,13 @@ def interval95(values: list[float], proportion: bool = False) -> tuple[float, fl
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _scored(task: str, scores: list[CaptionScore], base: list[CaptionScore]) -> dict[str, float]:
-    """The model's and the baseline's exact and attribute scores, with the model's 95% intervals."""
+def _scored(
+    task: str, scores: list[CaptionScore], base: list[CaptionScore], scenes: list[Scene]
+) -> dict[str, float]:
+    """The model's and the baseline's exact and attribute scores, with the model's 95% intervals, and the
+    model's exact by the number of objects in the scene (`task/exact_objects_<n>`, `task/scenes_objects_<n>`):
+    a score that holds for one object and fails for two says the model cannot compose, not that it cannot
+    draw or read."""
     exact = [float(s.exact) for s in scores]
     attributes = [float(s.attribute_accuracy) for s in scores]
     metrics = {
@@ -125,10 +130,15 @@ def _scored(task: str, scores: list[CaptionScore], base: list[CaptionScore]) -> 
     for name, values, proportion in (("exact", exact, True), ("attribute_accuracy", attributes, False)):
         low, high = interval95(values, proportion)
         metrics[f"{task}/{name}_ci95_low"], metrics[f"{task}/{name}_ci95_high"] = low, high
+    counts = [len(s.objects) for s in scenes]
+    for n in sorted(set(counts)):
+        of_n = [e for e, c in zip(exact, counts, strict=True) if c == n]
+        metrics[f"{task}/exact_objects_{n}"] = sum(of_n) / len(of_n)
+        metrics[f"{task}/scenes_objects_{n}"] = float(len(of_n))
     return metrics
 
 
-def _random_codes(model: UnifiedModel, n: int, frames: int, generator: torch.Generator) -> list[Tensor]:
+def random_codes(model: UnifiedModel, n: int, frames: int, generator: torch.Generator) -> list[Tensor]:
     nfsp = model.nfsp
     size = nfsp.tokenizer.codebook_size
     flat = torch.randint(0, size, (n, frames * nfsp.tokens_per_frame), generator=generator)
@@ -205,7 +215,7 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
         frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
         codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k, None, generator)
         media = list(decode_visual(model, codes).cpu())
-        baseline = list(decode_visual(model, _random_codes(model, len(scenes), frames, cpu_generator)).cpu())
+        baseline = list(decode_visual(model, random_codes(model, len(scenes), frames, cpu_generator)).cpu())
     scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
     base = [_verify(task, m, s, data) for m, s in zip(baseline, scenes, strict=True)]
     ceiling = _reconstructions(model, data, task, scenes)
@@ -213,7 +223,7 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
     world = data.motion_world if task.media == "video" else data.world
     for scene, m, score in zip(scenes, media, scores, strict=True):
         result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
-    result.metrics.update(_scored(task, scores, base))
+    result.metrics.update(_scored(task, scores, base, scenes))
     if task == Task.TEXT_TO_AUDIO:  # partial credit: the right words in a caption that does not parse
         said = [world.caption(s) for s in scenes]
         for key, waves in (("word_accuracy", media), ("baseline_word_accuracy", baseline)):
@@ -277,7 +287,7 @@ def _evaluate_understanding(model, data, task, scenes, split, temperature, top_k
         given = getattr(media, "pixels", None)
         given = given if given is not None else getattr(media, "wave", None)
         result.samples.append(Sample(task, scene, world.caption(scene), text, given, score))
-    result.metrics.update(_scored(task, scores, base))
+    result.metrics.update(_scored(task, scores, base, scenes))
 
 
 @torch.no_grad()
@@ -399,6 +409,13 @@ def _ceiling(m: dict[str, float], p: str) -> str:
     return cell + (f" / {m[f'{p}/ceiling_word_accuracy']:.2f}" if f"{p}/ceiling_word_accuracy" in m else "")
 
 
+def _by_objects(m: dict[str, float], p: str) -> str:
+    """`1: 0.31 of 29; 2: 0.00 of 35`: exact by the number of objects in the scene, when scored so."""
+    counts = sorted(int(k.rsplit("_", 1)[1]) for k in m if k.startswith(f"{p}/exact_objects_"))
+    return "; ".join(f"{n}: {m[f'{p}/exact_objects_{n}']:.2f} of {m[f'{p}/scenes_objects_{n}']:.0f}"
+                     for n in counts)  # fmt: skip
+
+
 def _verdict(score: CaptionScore | None) -> str:
     """A verifier score as the gallery's sample rows say it."""
     if score is None or not score.parsed:
@@ -424,8 +441,8 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
              "above it.",
              "",
              "| task | exact | attributes | words in place | baseline exact | baseline attributes "
-             "| tokenizer's ceiling |",
-             "|---|---|---|---|---|---|---|"]
+             "| tokenizer's ceiling | exact by objects in the scene |",
+             "|---|---|---|---|---|---|---|---|"]
     tasks = sorted({k.split("/")[0] for k in m if f"{k.split('/')[0]}/exact" in m})
     prefixes = [""] + sorted({k.split("/")[0] + "/" for k in m if k.count("/") >= 2})
     for prefix in prefixes:
@@ -438,13 +455,13 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
             lines.append(
                 f"| {p} | {_cell(m, f'{p}/exact')} | {_cell(m, f'{p}/attribute_accuracy')} | {words} | "
                 f"{m[f'{p}/baseline_exact']:.2f} | {m[f'{p}/baseline_attribute_accuracy']:.2f} | "
-                f"{_ceiling(m, p)} |"
+                f"{_ceiling(m, p)} | {_by_objects(m, p)} |"
             )
             if f"{p}/refined_exact" in m:  # the same codes through the diffusion refiner
                 lines.append(
                     f"| {p} refined (PSNR {m[f'{p}/psnr']:.2f} -> {m[f'{p}/refined_psnr']:.2f} dB) | "
                     f"{m[f'{p}/refined_exact']:.2f} | {m[f'{p}/refined_attribute_accuracy']:.2f} "
-                    "|  |  |  |  |"
+                    "|  |  |  |  |  |"
                 )
     if evaluation.samples:
         overview_figure(evaluation.samples, m, directory / "overview.png", title=title)
