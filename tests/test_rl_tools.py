@@ -7,6 +7,7 @@ result tokens, resumes an interrupted injection exactly, and the loss gives thos
 The model is a tiny one trained for a few seconds to write the call for one query, with a *wrong* result
 after it ("<result>7</result>"), so that every right result in its rollouts comes from the environment."""
 
+import lightning as L
 import pytest
 import torch
 
@@ -183,3 +184,29 @@ def test_environment_tokens_carry_no_weight_in_the_loss(trained):
     assert again == losses  # ... were those tokens in the loss
     assert stats_again["masked_fraction"] == stats["masked_fraction"]
     assert stats_again["mismatch_kl"] == stats["mismatch_kl"]
+
+
+@pytest.mark.parametrize("budget, warned", [(4, True), (96, False)])
+def test_rl_warns_when_reference_answers_do_not_fit_the_response_budget(budget, warned):
+    """A tool answer cut before its `Answer:` scores 0 in every rollout, so GRPO would learn nothing: setup
+    says so, naming the budget to raise; a budget that holds every reference passes silently."""
+    import warnings
+
+    from zoo.rl.scoring import ScoringConfig
+    from zoo.rl.task import RLTask, RolloutConfig
+
+    model = create_model("tiny", **TINY)
+    data = ToolRLDataModule(vocab=model.vocab, train_size=8, heldout_size=2, tokenizer_size=300)
+    task = RLTask(model, rollout=RolloutConfig(max_new_tokens=budget),
+                  scoring=ScoringConfig(val_max_new_tokens=budget))  # fmt: skip
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    trainer.strategy.connect(task)
+    task.trainer = trainer
+    trainer.datamodule = data  # what fit() does before setup
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        task.setup("fit")
+    said = [str(w.message) for w in caught if "reference answers" in str(w.message)]
+    assert bool(said) == warned
+    if warned:
+        assert any(f"rollout.max_new_tokens={budget}" in m for m in said)

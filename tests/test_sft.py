@@ -21,7 +21,8 @@ from zoo.datamodules.instructions import ShapesInstructions
 from zoo.inference import Pipeline
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.unified import UnifiedModel
-from zoo.rl.instructions import ArithmeticInstructions
+from zoo.rl.envs.data import InstructionRLDataModule, ToolRLDataModule
+from zoo.rl.instructions import ArithmeticInstructions, FormatInstructions, ToolInstructions
 from zoo.tasks.sft import SupervisedFineTuning
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
@@ -191,6 +192,33 @@ def test_arithmetic_instructions_answer_with_the_worked_solution_and_hold_out_rl
     assert query.solution.endswith(f"={query.answer}") and query.solution.count("=") == 2, "step by step"
     train = {source.query("train", i).prompt for i in range(200)}
     assert not train & {source.query("val", i).prompt for i in range(50)}, "no held-out prompt is trained"
+
+
+@pytest.mark.parametrize(
+    "source, rl",
+    [
+        (FormatInstructions(counts=(1, 2), train_size=64, val_size=16),
+         InstructionRLDataModule(counts=(1, 2), train_size=64, heldout_size=16)),
+        (ToolInstructions(difficulties=(1, 2), train_size=64, val_size=16),
+         ToolRLDataModule(difficulties=(1, 2), train_size=64, heldout_size=16)),
+    ],
+)  # fmt: skip
+def test_environment_instructions_are_rls_queries_answered_with_a_reference_its_verifier_accepts(source, rl):
+    """SFT on the instruction and tool environments (so that stages 3 and 4 of the chain have a policy that
+    already writes the format): the same prompts as RL's, held out where RL holds out, and every reference
+    answer scores 1 with RL's verifier (a wrong final answer does not)."""
+    assert [source.query("train", i).prompt for i in range(64)] == [q.prompt for q in rl.train_queries()]
+    assert [source.query("val", i).prompt for i in range(16)] == [q.prompt for q in rl.heldout_queries()]
+    assert not {q.prompt for q in rl.train_queries()} & {q.prompt for q in rl.heldout_queries()}
+    for i in range(16):
+        user, assistant = source.conversation("val", i, 0, None)  # type: ignore[arg-type]
+        query = source.query("val", i)
+        assert user.parts == (query.prompt,) and assistant.parts == (query.solution,)
+        assert source.verify("val", i, query.solution) == 1.0
+    tool = source.query("val", 0)
+    if tool.task == "tool_calc":
+        assert "<tool>calc:" in tool.solution
+        assert source.verify("val", 0, tool.solution.replace(f"Answer: {tool.answer}", "Answer: 1")) == 0.0
 
 
 def test_sft_refuses_a_vocabulary_without_role_tokens_and_data_that_is_not_conversations(chat_model):

@@ -56,6 +56,7 @@ from zoo.rl.losses import PolicyLossConfig
 from zoo.rl.policy import Precision
 from zoo.rl.prompts import Prompt
 from zoo.rl.records import Rollout
+from zoo.rl.responses import TEXT, response_kind
 from zoo.rl.schedulers import RolloutScheduler, SyncScheduler
 from zoo.rl.scoring import Scorer, ScoringConfig, respond, safe_verify
 from zoo.rl.update import OptimConfig, PolicyUpdate, UpdateConfig
@@ -217,9 +218,34 @@ class RLTask(L.LightningModule):
         if self.init_tokenizer is not None:
             source.use_tokenizer(self.init_tokenizer)
         source.ensure_tokenizer()
+        if stage == "fit":
+            self._check_answer_budget()
         source.hints = self.hint_controller if self.hint_schedule.enabled else None
         if not hasattr(self, "eval_metrics"):  # setup runs again for `zoo test` after `fit`
             self._make_eval_metrics()
+
+    def _check_answer_budget(self, sample: int = 64) -> None:
+        """Warn when reference answers of text-response queries do not fit the response budgets: a policy
+        cut off before its final answer scores 0 on every rollout of such a query, and a group whose rewards
+        are all 0 gives GRPO nothing to learn from (the chain's tool stage measured exactly that with 40
+        tokens for references of ~58 in the demo's tokenizer). Counts the first `sample` training queries."""
+        source = self.source
+        queries = [q for q in source.train_queries()[:sample] if q.solution]
+        queries = [q for q in queries if response_kind(self.model, source.base_prompt(q)) is TEXT]
+        if not queries:
+            return
+        lengths = [len(source.encode_text(q.solution)) for q in queries]
+        budgets = {"rollout.max_new_tokens": self.rollout_config.max_new_tokens,
+                   "scoring.val_max_new_tokens": self.scoring_config.val_max_new_tokens}  # fmt: skip
+        for name, budget in budgets.items():
+            over = sum(n > budget for n in lengths)
+            if over:
+                warnings.warn(
+                    f"{over} of {len(lengths)} reference answers of the training queries are longer than "
+                    f"{name}={budget} tokens in this tokenizer (the longest {max(lengths)}): responses like "
+                    f"them are cut before their end; raise {name} to at least {max(lengths)}",
+                    stacklevel=2,
+                )
 
     def on_fit_start(self) -> None:
         # Sample (and score) only text ids the tokenizer decodes, in the engine and the trainer alike.
