@@ -11,7 +11,7 @@ from code_shard_helpers import VOCAB, write_text_tokenizer, write_tokenizers
 from PIL import Image
 
 from zoo.batch import IGNORE_INDEX
-from zoo.datamodules.chat import ChatError, Turn, chat_document, plain_layout
+from zoo.datamodules.chat import ChatError, EnvironmentText, Turn, chat_document, plain_layout
 from zoo.datamodules.documents import decode_text
 from zoo.datamodules.paired_documents import DocumentMaker
 from zoo.datamodules.sequence import MediaLayout, SequenceBuilder, TextSegment, VisualSegment
@@ -19,6 +19,8 @@ from zoo.inference import Pipeline
 from zoo.models.backbone import UnifiedTransformer
 from zoo.models.generation import generate_text
 from zoo.models.unified import UnifiedModel
+from zoo.rl.envs.tools import ToolEnvironment, call_of, result_text
+from zoo.rl.instructions import ToolInstructions
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import CHAT_TOKENS, SPECIAL_TOKENS, UnifiedVocab
 
@@ -92,6 +94,33 @@ def test_in_training_only_the_assistants_answers_and_their_eos_are_targets(token
     targets = batch.targets["text"][0]
     predicted = targets[targets != IGNORE_INDEX].tolist()
     assert predicted == [*make.ids("a red square"), CHAT.eos_id, *make.ids("red"), CHAT.eos_id]
+
+
+def test_a_tool_result_in_an_answer_is_input_with_the_environments_ids_and_never_a_target(tokenizer):
+    """SFT on a tool transcript (`ToolInstructions`) trains the call and the final answer, not the
+    calculator's result, and lays the result out with exactly the ids the environment injects into a
+    rollout after that call."""
+    make = maker(CHAT, tokenizer)
+    user, assistant = ToolInstructions(train_size=4, val_size=1).conversation("train", 0, 0, None)  # type: ignore[arg-type]
+    call, result, answer = assistant.parts
+    assert isinstance(result, EnvironmentText) and not isinstance(call, EnvironmentText)
+    assert result == result_text(call_of(call)) and answer.startswith(" Answer: ")
+
+    def laid_out(answer_turn: Turn):
+        document = chat_document(make, [user, answer_turn], answers_predicted=True)
+        return SequenceBuilder(CHAT, 128).collate([document])
+
+    batch = laid_out(assistant)
+    targets = batch.targets["text"][0]
+    assert targets[targets != IGNORE_INDEX].tolist() == [*make.ids(call), *make.ids(answer), CHAT.eos_id]
+    environment = ToolEnvironment(lambda ids: decode_text(tokenizer, CHAT, ids), make.ids)
+    owed = environment.owed(make.ids(call), [False] * len(make.ids(call)))
+    assert owed == make.ids(result), "the environment's ids after the call"
+    ids = batch.input_ids[0].tolist()
+    answer_ids = [*make.ids(call), *owed, *make.ids(answer)]
+    assert any(ids[i : i + len(answer_ids)] == answer_ids for i in range(len(ids))), "laid out in place"
+    whole = laid_out(Turn("assistant", (call + result + answer,))).targets["text"][0]
+    assert (whole != IGNORE_INDEX).sum() > (targets != IGNORE_INDEX).sum(), "the same text as a str: trained"
 
 
 def test_the_pipeline_answers_a_conversation_in_the_chat_format(chat_model, tokenizer, tmp_path):

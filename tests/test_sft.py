@@ -213,7 +213,7 @@ def test_environment_instructions_are_rls_queries_answered_with_a_reference_its_
     for i in range(16):
         user, assistant = source.conversation("val", i, 0, None)  # type: ignore[arg-type]
         query = source.query("val", i)
-        assert user.parts == (query.prompt,) and assistant.parts == (query.solution,)
+        assert user.parts == (query.prompt,) and "".join(assistant.parts) == query.solution
         assert source.verify("val", i, query.solution) == 1.0
     tool = source.query("val", 0)
     if tool.task == "tool_calc":

@@ -14,7 +14,9 @@ codes. Media of the assistant are what it drew or said: codes, as generated (`<|
 <eos>`). `answers_predicted=True` (training, SFT) makes the assistant's answers (texts, the codes of its
 images and speech, their openers) and their `<eos>` the only targets: the loss is on what the assistant says;
 no position of another turn predicts anything, not even the `<boi>` of a user's image. "developer" counts as
-"system" (OpenAI's newer name).
+"system" (OpenAI's newer name). An assistant part that is `EnvironmentText` (a tool's result inside the
+answer) is laid out where it stands and never predicted: in RL the environment writes it into the rollout
+(`zoo.rl.envs.tools`), so SFT must not train the policy to guess it.
 
 A model trained without role tokens has never seen a conversation. For it, `plain_layout` is the rule the
 zoo used before the chat format: the turns' texts joined by newlines (the roles not written) and at most one
@@ -43,6 +45,14 @@ class ChatError(ValueError):
     def __init__(self, message: str, param: str = "messages") -> None:
         super().__init__(message)
         self.param = param
+
+
+class EnvironmentText(str):
+    """Text in an assistant's turn that the environment wrote, not the assistant (a calculator's
+    `<result>...</result>`): input to the positions after it, never a target. Tokenized as its own part, as
+    the environment's ids enter a rollout, so SFT and RL see the same ids. Everywhere else it is a `str`."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ def chat_document(maker: DocumentMaker, turns: list[Turn], answers_predicted: bo
         answer = turn.role == "assistant"
         document.append(TextSegment([vocab.special(_ROLE_TOKEN[turn.role])], predict=False))
         for part in turn.parts:
-            predicted = answer and answers_predicted
+            predicted = answer and answers_predicted and not isinstance(part, EnvironmentText)
             if isinstance(part, str):
                 document.append(TextSegment(maker.ids(part), predict=predicted))
             else:

@@ -13,9 +13,10 @@ never wrote a calculator call or met a format constraint gets reward 0 in every 
 signal. It lives with RL's tasks rather than in `zoo.datamodules` because the tasks are RL's
 (`ConversationDataModule` takes any source by `class_path`).
 
-A tool answer is one assistant turn, the calculator's `<result>` included: the chat format has no tool role
-(a new special would move every id of a trained model), so SFT also trains the policy to predict the result,
-which in RL the environment writes instead (`zoo.rl.envs.tools`).
+A tool answer is one assistant turn, the calculator's `<result>` inside it: the chat format has no tool role
+(a new special would move every id of a trained model). The result is an `EnvironmentText` part, input and
+never a target: in RL the environment writes it (`zoo.rl.envs.tools`), and a policy trained to guess a
+product would spend its loss on what it never has to say.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from zoo.datamodules.chat import Turn
+from zoo.datamodules.chat import EnvironmentText, Turn
 from zoo.datamodules.conversations import ConversationSource
 from zoo.datamodules.media_samples import MediaSpec
 from zoo.rl.envs.instructions import CONSTRAINTS, CONTENTS, InstructionTasks
-from zoo.rl.envs.tools import ToolTasks
+from zoo.rl.envs.tools import ToolTasks, transcript_parts
 from zoo.rl.records import Query
 from zoo.rl.scoring import safe_verify
 from zoo.rl.tasks_text import TextTasks
@@ -64,7 +65,11 @@ class QueryInstructions(ConversationSource):
     def conversation(self, split: str, index: int, epoch: int, spec: MediaSpec) -> list[Turn]:
         query = self.query(split, index)
         where = f"{type(self).__name__} {split} {index} ({query.id})"
-        return [Turn("user", (query.prompt,), where), Turn("assistant", (query.solution,), where)]
+        return [Turn("user", (query.prompt,), where), Turn("assistant", self.answer_parts(query), where)]
+
+    def answer_parts(self, query: Query) -> tuple[str, ...]:
+        """The assistant turn's parts: the reference solution, whole."""
+        return (query.solution,)
 
     verifiable = True
 
@@ -135,7 +140,7 @@ class FormatInstructions(QueryInstructions):
 
 class ToolInstructions(QueryInstructions):
     """`ToolTasks` queries (stage 4's: "compute 37*58") as conversations: the calculator call, its result
-    and the final answer (the module docstring says why the result is the assistant's).
+    and the final answer, the result laid out but not trained on (the module docstring says why).
 
     Args:
         difficulties: as `zoo.rl.envs.data.ToolRLDataModule`.
@@ -155,3 +160,7 @@ class ToolInstructions(QueryInstructions):
 
     def __repr__(self) -> str:
         return f"ToolInstructions(difficulties {list(self.tasks.difficulties)})"
+
+    def answer_parts(self, query: Query) -> tuple[str, ...]:
+        """The call, the calculator's result (`EnvironmentText`: not trained on) and the final answer."""
+        return tuple(EnvironmentText(text) if env else text for text, env in transcript_parts(query.solution))

@@ -122,6 +122,19 @@ def result_text(call: str) -> str:
     return f" {RESULT_OPEN}{run_call(call)}{RESULT_CLOSE}"
 
 
+def transcript_parts(text: str) -> list[tuple[str, bool]]:
+    """A transcript cut where the environment wrote into it: `(text, written by the environment)` in order,
+    each result (`result_text`, its leading space included) a part of its own, as a rollout holds it
+    ("<tool>calc: 2*3</tool> <result>6</result> Answer: 6" -> call, result, answer)."""
+    parts: list[tuple[str, bool]] = []
+    rest = text
+    while (at := rest.find(f" {RESULT_OPEN}")) >= 0 and (end := rest.find(RESULT_CLOSE, at)) >= 0:
+        end += len(RESULT_CLOSE)
+        parts += [(rest[:at], False), (rest[at:end], True)]
+        rest = rest[end:]
+    return [(part, env) for part, env in [*parts, (rest, False)] if part]
+
+
 def call_of(text: str) -> str | None:
     """The body of the first complete call in `text` ("" when `</tool>` has no `<tool>` before it)."""
     end = text.find(CLOSE)
