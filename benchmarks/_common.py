@@ -113,6 +113,17 @@ def load_checkpoint(path: str) -> tuple[UnifiedModel, dict, str]:
     return model.eval(), raw, "zoo.hub.load_lightning_checkpoint (weights_only=True)"
 
 
+def load_drawing_model(path: str) -> tuple[UnifiedModel, object]:
+    """A `UnifiedPretraining` checkpoint's model (eval mode) and text tokenizer, refused with a clear exit
+    when the model has no visual tokenizer to draw with."""
+    from zoo.hub import load_lightning_checkpoint
+
+    model, tokenizer = load_lightning_checkpoint(path)
+    if model.nfsp is None:
+        raise SystemExit(f"{path}: the model has no visual tokenizer, so it draws no images")
+    return model.eval(), tokenizer
+
+
 def emit(result: dict[str, object]) -> None:
     """The result as the last stdout line."""
     print(json.dumps(result), flush=True)

@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
+from _common import emit, load_drawing_model, log, machine_info  # noqa: E402
 
 from zoo.datamodules.sequence import MediaLayout  # noqa: E402
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
-from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.models.media_generation import generate_visual  # noqa: E402
 from zoo.models.refinement import decode_visual  # noqa: E402
 from zoo.task_names import Task  # noqa: E402
@@ -74,10 +73,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     info = machine_info(args.threads)
-    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
-    model.eval()
-    if model.nfsp is None:
-        raise SystemExit(f"{args.checkpoint}: the model has no visual tokenizer, so it draws no images")
+    model, tokenizer = load_drawing_model(args.checkpoint)
     data = ShapesMultimodalDataModule(
         vocab=model.vocab, layout=MediaLayout.of(model), max_objects=args.max_objects,
         image_context=model.vision_encoder is not None,

@@ -25,13 +25,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
+from _common import emit, load_drawing_model, log, machine_info  # noqa: E402
 from generation_errors import errors  # noqa: E402
 
 from zoo.batch import Modality  # noqa: E402
 from zoo.datamodules.sequence import MediaLayout  # noqa: E402
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
-from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.models.decode import prefill, text_prompts, visual_scale_step  # noqa: E402
 from zoo.models.sampling import (
     Sampler,  # noqa: E402
@@ -75,10 +74,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     info = machine_info(args.threads)
-    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
-    model.eval()
-    if model.nfsp is None:
-        raise SystemExit(f"{args.checkpoint}: this model has no visual tokenizer")
+    model, tokenizer = load_drawing_model(args.checkpoint)
     layout = MediaLayout.of(model)
     data = ShapesMultimodalDataModule(vocab=model.vocab, layout=layout, max_objects=args.max_objects)
     data.tokenizer = tokenizer
