@@ -138,6 +138,7 @@ def main() -> None:
         raise SystemExit(f"no warm start at {args.warm_start}: run `make demo` first (or pass --warm-start)")
     from zoo.hub import load_lightning_checkpoint, save_pretrained
 
+    info = machine_info(args.threads)  # now: the commit whose code runs, not the one at the end
     begin = time.perf_counter()
     _, tokenizer = load_lightning_checkpoint(args.warm_start)
     stages = {name: stage_data(path, args.eval_queries, tokenizer) for name, path in STAGES.items()}
@@ -166,7 +167,7 @@ def main() -> None:
         "rewards": rows,
         "timings": timings,
         "total_s": round(time.perf_counter() - begin, 1),
-        **machine_info(args.threads),
+        **info,
     })  # fmt: skip
 
 
