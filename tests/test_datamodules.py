@@ -59,6 +59,17 @@ def test_documents_are_packed_greedily_in_their_order_never_back_into_an_earlier
     assert [[len(d[0]) for d in row] for row in rows] == [[3, 4], [2, 6]]
 
 
+def test_first_fit_decreasing_packs_longest_first_into_the_first_row_with_room():
+    builder = SequenceBuilder(VOCAB, seq_len=8, packing="first_fit_decreasing")
+    # In order this is 5 | 4 + 3 | 4: three rows. Longest first, the 3 goes back beside the 5: two rows.
+    rows = builder.pack([doc(5), doc(4), doc(3), doc(4)])
+    assert [[len(d[0]) for d in row] for row in rows] == [[5, 3], [4, 4]]
+    builder.packing = "in_order"
+    assert len(builder.pack([doc(5), doc(4), doc(3), doc(4)])) == 3
+    with pytest.raises(ValueError, match="packing must be one of"):
+        builder.packing = "best_fit"
+
+
 def test_collate_lays_out_doc_ids_groups_positions_and_next_token_targets_per_document():
     builder = SequenceBuilder(VOCAB, seq_len=8)
     a, b, c, d = doc(3, start=0), doc(4, start=10), doc(2, start=20), doc(6, start=30)

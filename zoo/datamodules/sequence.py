@@ -18,8 +18,8 @@ Media travel as pixels, waveforms or codes in the batch's typed payloads (`zoo.b
 `AudioPayload`, `ContextPayload`), with per-position slots that say which visual token / audio frame /
 context token a position holds, so the model can encode them once per batch and scatter the results; the
 visual and audio targets (which token or frame a position predicts) are in `GroupBatch.targets`.
-Documents are packed greedily into rows of `seq_len`; a document never spans two rows and never sees
-another (the mask keys on `doc_id`).
+Documents are packed into rows of `seq_len`, in order or first-fit decreasing (`SequenceBuilder.packing`); a
+document never spans two rows and never sees another (the mask keys on `doc_id`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -139,6 +140,8 @@ class ContextSegment:
 
 Segment = TextSegment | VisualSegment | AudioSegment | ContextSegment
 Document = list[Segment]
+Packing = Literal["in_order", "first_fit_decreasing"]
+PACKINGS: tuple[Packing, ...] = get_args(Packing)
 
 
 @dataclass(frozen=True)
@@ -386,10 +389,18 @@ class SequenceBuilder:
         seq_len: row length; a longer document is refused unless `truncate` (text-only documents).
         truncate: cut over-long text documents to `seq_len` (with a warning) instead of refusing them.
         layout: positions per visual frame, audio frame and context image (must match the model).
+        packing: how a batch's documents fill rows: "in_order" (greedy, each row closed when the next
+            document does not fit) or "first_fit_decreasing" (longest first, each into the first row with
+            room: fewer rows, so less padding to compute, when documents differ in length).
     """
 
     def __init__(
-        self, vocab: UnifiedVocab, seq_len: int, truncate: bool = False, layout: MediaLayout | None = None
+        self,
+        vocab: UnifiedVocab,
+        seq_len: int,
+        truncate: bool = False,
+        layout: MediaLayout | None = None,
+        packing: Packing = "in_order",
     ) -> None:
         if seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {seq_len}")
@@ -397,7 +408,18 @@ class SequenceBuilder:
         self.seq_len = seq_len
         self.truncate = truncate
         self.layout = layout or MediaLayout()
+        self.packing = packing
         self._warned = False
+
+    @property
+    def packing(self) -> Packing:
+        return self._packing
+
+    @packing.setter
+    def packing(self, packing: Packing) -> None:
+        if packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+        self._packing = packing
 
     def length(self, document: Document) -> int:
         return document_length(document, self.layout)
@@ -427,13 +449,26 @@ class SequenceBuilder:
         return kept
 
     def pack(self, documents: list[Document]) -> list[list[Document]]:
-        """Greedy in order: a document goes into the current row if it fits, else starts a new row."""
-        rows: list[list[Document]] = []
-        used = self.seq_len
-        for document in documents:
-            document = self.fit(document)
-            length = self.length(document)
-            if used + length > self.seq_len:
+        """Rows of documents, by `packing`. Documents never attend across each other (`doc_id`), so the
+        rows a document lands in changes only how much padding the batch computes, not its loss."""
+        fitted = [self.fit(d) for d in documents]
+        lengths = [self.length(d) for d in fitted]
+        if self.packing == "first_fit_decreasing":
+            # A stable sort: equal lengths keep their order, so a batch packs the same way every run.
+            order = sorted(range(len(fitted)), key=lambda i: -lengths[i])
+            rows: list[list[Document]] = []
+            room: list[int] = []
+            for i in order:
+                row = next((r for r, free in enumerate(room) if lengths[i] <= free), len(rows))
+                if row == len(rows):
+                    rows.append([])
+                    room.append(self.seq_len)
+                rows[row].append(fitted[i])
+                room[row] -= lengths[i]
+            return rows
+        rows, used = [], self.seq_len
+        for document, length in zip(fitted, lengths, strict=True):
+            if used + length > self.seq_len:  # in order: the current row if it fits, else a new row
                 rows.append([])
                 used = 0
             rows[-1].append(document)

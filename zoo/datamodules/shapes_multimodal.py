@@ -34,6 +34,7 @@ from zoo.datamodules.sequence import (
     ContextSegment,
     Document,
     MediaLayout,
+    Packing,
     TextSegment,
     VisualSegment,
 )
@@ -70,6 +71,8 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         tokenizer_size: vocabulary of the trained tokenizer.
         seq_len: packed row length.
         batch_size: documents per batch.
+        packing: how a batch's documents fill its rows (`SequenceBuilder`): "first_fit_decreasing" lays the
+            demo's mixed-length documents in fewer rows than "in_order" (docs/benchmarks.md, packing).
         num_workers: dataloader workers (rendering happens in them).
         seed: task draws, speech variation and shuffling.
         predict_scenes: `zoo predict` answers every enabled task for this many val scenes (scored).
@@ -104,6 +107,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         tokenizer_size: int = 320,
         seq_len: int = 256,
         batch_size: int = 16,
+        packing: Packing = "in_order",
         num_workers: int = 0,
         seed: int = 0,
         predict_scenes: int = 4,
@@ -115,6 +119,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.predict_captions = list(predict_captions or [])
         self.predict_files = list(predict_files or [])
         self.builder.layout = layout
+        self.builder.packing = packing
         weights = (
             caption_weight,
             text_to_image_weight,
