@@ -124,6 +124,22 @@ def load_drawing_model(path: str) -> tuple[UnifiedModel, object]:
     return model.eval(), tokenizer
 
 
+def shapes_demo_config(path: str) -> tuple[dict, dict]:
+    """A ShapesWorld unified config (`configs/demo/multimodal.yaml`) read as the benchmarks build it: the
+    `ShapesMultimodalDataModule` arguments (vocabulary and layout constructed) and the model's component
+    config, for `zoo.publishing.building.build_from_config`."""
+    import yaml
+
+    from zoo.datamodules.sequence import MediaLayout
+    from zoo.tokenizers.vocab import UnifiedVocab
+
+    config = yaml.safe_load(Path(path).read_text())
+    data_args = dict(config["data"]["init_args"])
+    data_args["vocab"] = UnifiedVocab(**data_args["vocab"])
+    data_args["layout"] = MediaLayout(**data_args["layout"])
+    return data_args, config["model"]["init_args"]["model"]
+
+
 def emit(result: dict[str, object]) -> None:
     """The result as the last stdout line."""
     print(json.dumps(result), flush=True)

@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_common_args, emit, log, machine_info, time_interleaved  # noqa: E402
+from _common import add_common_args, emit, log, machine_info, shapes_demo_config, time_interleaved  # noqa: E402
 
 from zoo.datamodules.sequence import PACKINGS  # noqa: E402
 
@@ -40,17 +39,12 @@ def main() -> None:
     args = parser.parse_args()
     info = machine_info(args.threads)
     torch.manual_seed(args.seed)
-    from zoo.datamodules.sequence import MediaLayout
     from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
     from zoo.publishing.building import build_from_config, without_construction_only
-    from zoo.tokenizers.vocab import UnifiedVocab
 
-    config = yaml.safe_load(Path(args.config).read_text())
-    data_args = dict(config["data"]["init_args"])
-    data_args["vocab"] = UnifiedVocab(**data_args["vocab"])
-    data_args["layout"] = MediaLayout(**data_args["layout"])
+    data_args, model_config = shapes_demo_config(args.config)
     data = ShapesMultimodalDataModule(**data_args)
-    model = build_from_config(without_construction_only(config["model"]["init_args"]["model"]), where="model")
+    model = build_from_config(without_construction_only(model_config), where="model")
     data.setup("fit")
     dataset, builder = data.datasets["train"], data.builder
     size = data.batch_size

@@ -17,18 +17,23 @@ import functools
 import hashlib
 from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from zoo.datamodules.bad_samples import SAMPLE_ERRORS, BadRecord, BadSamplePolicy, Delivered, describe
+from zoo.datamodules.loader_tokenizing import TokenizedDocuments, frozen_copies
 from zoo.datamodules.loaders import ReportingLoader
 from zoo.datamodules.sequence import Document, SequenceBuilder, TextSegment
 from zoo.datamodules.streaming import StreamDataset, StreamLoader, rank_and_world
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+
+if TYPE_CHECKING:
+    from zoo.pretokenize.frozen import FrozenTokenizers
 
 
 class EpochShuffleSampler(Sampler[tuple[int, int]]):
@@ -228,6 +233,8 @@ class DocumentDataModule(L.LightningDataModule):
         self.tokenizer: TextTokenizer | None = None
         self.datasets: dict[str, DocumentDataset | StreamDataset] = {}
         self.loaders: dict[str, ReportingLoader] = {}  # the loader built last per split
+        # Set by `tokenize_with`: the loader's workers tokenize media (`zoo.datamodules.loader_tokenizing`).
+        self.loader_tokenizers: FrozenTokenizers | None = None
 
     # -- what subclasses provide -------------------------------------------------------------------
     def texts(self, split: str) -> list[str]:
@@ -258,13 +265,22 @@ class DocumentDataModule(L.LightningDataModule):
             if split not in self.datasets and (dataset := self.make_dataset(split)) is not None:
                 self.datasets[split] = dataset
 
+    def tokenize_with(self, visual: nn.Module | None, audio: nn.Module | None) -> None:
+        """Documents made from now on carry codes instead of pixels and waveforms, encoded where they are
+        made (in the loader's workers) by CPU copies of these frozen tokenizers; datasets already made are
+        dropped so that `setup` makes them again."""
+        self.loader_tokenizers = frozen_copies(visual, audio)
+        self.datasets.clear()
+
     def make_dataset(self, split: str) -> DocumentDataset | StreamDataset | None:
         """The dataset of `split`, None when it has no documents: map-style over `texts(split)` here."""
         texts = self.texts(split)
         if not texts:
             return None
         sampler = EpochShuffleSampler(len(texts), self.seed, shuffle=split == "train")
-        make = functools.partial(self.make_document, split)
+        make: Callable[[int, int], Document] = functools.partial(self.make_document, split)
+        if self.loader_tokenizers is not None:
+            make = TokenizedDocuments(make, self.loader_tokenizers)
         return DocumentDataset(len(texts), make, sampler, name=f"{type(self).__name__} {split}")
 
     def make_document(self, split: str, index: int, epoch: int) -> Document:

@@ -74,6 +74,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         packing: how a batch's documents fill its rows (`SequenceBuilder`): "first_fit_decreasing" lays the
             demo's mixed-length documents in fewer rows than "in_order" (docs/benchmarks.md, packing).
         num_workers: dataloader workers (rendering happens in them).
+        tokenize_in_loader: where the loader makes documents (its workers, with `num_workers` >= 1), images
+            and speech are tokenized by CPU copies of the fitted model's frozen visual tokenizer and audio
+            codec, so the training step reads codes (`zoo.datamodules.loader_tokenizing`); for CPU runs,
+            where those encoders take a sixth of the step. Without a Trainer the model tokenizes as before.
         seed: task draws, speech variation and shuffling.
         predict_scenes: `zoo predict` answers every enabled task for this many val scenes (scored).
         predict_captions: extra captions that `zoo predict` renders as images (and speech, when enabled).
@@ -109,6 +113,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         batch_size: int = 16,
         packing: Packing = "in_order",
         num_workers: int = 0,
+        tokenize_in_loader: bool = False,
         seed: int = 0,
         predict_scenes: int = 4,
         predict_captions: list[str] | None = None,
@@ -118,6 +123,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.predict_scenes = predict_scenes
         self.predict_captions = list(predict_captions or [])
         self.predict_files = list(predict_files or [])
+        self.tokenize_in_loader = tokenize_in_loader
         self.builder.layout = layout
         self.builder.packing = packing
         weights = (
@@ -152,6 +158,13 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.train_size, self.val_size = train_size, val_size
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
         self._captions: dict[str, list[str]] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        trainer = self.trainer
+        if self.tokenize_in_loader and self.loader_tokenizers is None and trainer is not None:
+            model = trainer.lightning_module.model
+            self.tokenize_with(model.visual_tokenizer, model.audio_codec)
+        super().setup(stage)
 
     # -- texts and tokenizer ----------------------------------------------------------------------
     def texts(self, split: str) -> list[str]:
