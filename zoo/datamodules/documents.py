@@ -33,7 +33,7 @@ from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 
 if TYPE_CHECKING:
-    from zoo.pretokenize.frozen import FrozenTokenizers
+    from zoo.datamodules.frozen_tokenizers import FrozenTokenizers
 
 
 class EpochShuffleSampler(Sampler[tuple[int, int]]):

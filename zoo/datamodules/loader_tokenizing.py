@@ -27,13 +27,13 @@ from torch import nn
 from zoo.datamodules.sequence import AudioSegment, Document, VisualSegment
 
 if TYPE_CHECKING:
-    from zoo.pretokenize.frozen import FrozenTokenizers
+    from zoo.datamodules.frozen_tokenizers import FrozenTokenizers
 
 
 def frozen_copies(visual: nn.Module | None, audio: nn.Module | None) -> FrozenTokenizers:
     """CPU copies of a model's frozen visual tokenizer and audio codec, for the loader's workers: the
     model's own modules stay where the strategy puts them, and nothing the workers do can touch them."""
-    from zoo.pretokenize.frozen import FrozenTokenizers
+    from zoo.datamodules.frozen_tokenizers import FrozenTokenizers
 
     def cpu_copy(module: nn.Module | None) -> nn.Module | None:
         if module is None:

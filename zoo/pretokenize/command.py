@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 
 from zoo.command_line import command_parser
+from zoo.datamodules.frozen_tokenizers import FrozenTokenizers
 from zoo.datamodules.media_samples import MediaSpec
 from zoo.media import DEFAULT_MAX_PIXELS
-from zoo.pretokenize.frozen import FrozenTokenizers, load_component, model_tokenizers
+from zoo.pretokenize.frozen import load_component, model_tokenizers
 from zoo.pretokenize.run import TokenizeResult, tokenize_corpus
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer

@@ -31,9 +31,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from zoo.datamodules.code_records import CodeRecord, InterleavedRecord
+from zoo.datamodules.frozen_tokenizers import FrozenTokenizers
 from zoo.datamodules.media_samples import Media, MediaSpec
 from zoo.datamodules.sequence import AudioSegment
-from zoo.pretokenize.frozen import FrozenTokenizers
 from zoo.pretokenize.output import OutputFolder, ShardOutput
 from zoo.pretokenize.sources import (
     Decoded,
