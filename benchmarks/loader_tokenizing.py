@@ -58,7 +58,7 @@ def main() -> None:
         """Seconds per training step over `--steps` batches of documents `first`, `first + 1`, ..."""
         keys = [(i % n, 0) for i in range(first, first + (args.steps + 1) * size)]
         loader = DataLoader(
-            data.datasets["train"], batch_size=size, sampler=keys, collate_fn=data.builder.collate,
+            data.loader_dataset("train"), batch_size=size, sampler=keys, collate_fn=data.builder.collate,
             num_workers=workers,
         )  # fmt: skip
         torch.set_num_threads(threads)

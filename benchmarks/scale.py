@@ -28,6 +28,7 @@ and for its extracted depth 0.5 / width 0.5 sub-model. Progress goes to stderr; 
 one JSON object.
 
     .venv/bin/python benchmarks/scale.py [--steps 6 --presets tiny small --variants single fsdp fsdp_ep]
+    .venv/bin/python benchmarks/scale.py --presets base --steps 3 --variants single fsdp   # ~24 GB machine
 
 CPU float8 is emulated (casts and scaled matmuls in fp32 kernels), so fsdp_fp8 is expected to be slower
 here; these CPU/gloo figures say nothing about GPU speed.
@@ -212,7 +213,8 @@ def run_variant(
     command += ["--steps", str(steps), "--batch", str(batch), "--seq", str(seq), "--out", out]
     command += [] if single_host_policy else ["--single-default-allocator"]
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    # 30 minutes: base builds and steps 918M parameters on one thread per process.
+    proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{preset}/{variant} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(VARIANTS[variant][0])]
@@ -268,6 +270,9 @@ def main() -> None:
     parser.add_argument("--tiny-seq", type=int, default=256)
     parser.add_argument("--small-batch", type=int, default=4, help="small: documents per batch / 2")
     parser.add_argument("--small-seq", type=int, default=128, help="small: row length (preset allows 2048)")
+    # base (918M parameters): a single process holds ~15 GB of training state, so it is not in the defaults.
+    parser.add_argument("--base-batch", type=int, default=4, help="base: documents per batch / 2")
+    parser.add_argument("--base-seq", type=int, default=128, help="base: row length (preset allows 4096)")
     # Worker mode (internal): one variant in this process (and rank 1, which Lightning starts).
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)

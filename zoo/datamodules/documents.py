@@ -144,6 +144,10 @@ class DocumentDataset(Dataset[Document]):
     def replacing(self) -> _Replacing:
         return _Replacing(self)
 
+    def with_make(self, make: Callable[[int, int], Document]) -> DocumentDataset:
+        """The same documents' keys and sampler (the one the datamodule resumes), made by `make`."""
+        return DocumentDataset(self.n, make, self.sampler, self.name, self.errors, self.max_attempts)
+
 
 class _Replacing(Dataset[Delivered]):
     """A DocumentDataset as its loaders read it: `Delivered` items, bad documents replaced."""
@@ -235,6 +239,9 @@ class DocumentDataModule(L.LightningDataModule):
         self.loaders: dict[str, ReportingLoader] = {}  # the loader built last per split
         # Set by `tokenize_with`: the loader's workers tokenize media (`zoo.datamodules.loader_tokenizing`).
         self.loader_tokenizers: FrozenTokenizers | None = None
+        # Subclasses that offer it set this from their `tokenize_in_loader` argument: every loader built
+        # during a run then tokenizes with copies of the trainer's model's tokenizers.
+        self.tokenize_in_loader = False
 
     # -- what subclasses provide -------------------------------------------------------------------
     def texts(self, split: str) -> list[str]:
@@ -266,11 +273,14 @@ class DocumentDataModule(L.LightningDataModule):
                 self.datasets[split] = dataset
 
     def tokenize_with(self, visual: nn.Module | None, audio: nn.Module | None) -> None:
-        """Documents made from now on carry codes instead of pixels and waveforms, encoded where they are
-        made (in the loader's workers) by CPU copies of these frozen tokenizers; datasets already made are
-        dropped so that `setup` makes them again."""
+        """Loaders built from now on give codes instead of pixels and waveforms, encoded where documents are
+        made (in the loader's workers) by CPU copies of these frozen tokenizers (`loader_dataset`)."""
         self.loader_tokenizers = frozen_copies(visual, audio)
-        self.datasets.clear()
+
+    def trainer_model(self) -> nn.Module | None:
+        """The model of the trainer this datamodule is attached to (None outside a run)."""
+        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
+        return getattr(module, "model", None)
 
     def make_dataset(self, split: str) -> DocumentDataset | StreamDataset | None:
         """The dataset of `split`, None when it has no documents: map-style over `texts(split)` here."""
@@ -279,8 +289,6 @@ class DocumentDataModule(L.LightningDataModule):
             return None
         sampler = EpochShuffleSampler(len(texts), self.seed, shuffle=split == "train")
         make: Callable[[int, int], Document] = functools.partial(self.make_document, split)
-        if self.loader_tokenizers is not None:
-            make = TokenizedDocuments(make, self.loader_tokenizers)
         return DocumentDataset(len(texts), make, sampler, name=f"{type(self).__name__} {split}")
 
     def make_document(self, split: str, index: int, epoch: int) -> Document:
@@ -300,13 +308,29 @@ class DocumentDataModule(L.LightningDataModule):
             self.tokenizer, self.vocab, self.bpe_dropout if split == "train" else 0.0, self.seed
         )
 
-    def _loader(self, split: str) -> ReportingLoader:
+    def loader_dataset(self, split: str) -> DocumentDataset | StreamDataset:
+        """The dataset a loader of `split` reads: a stream gets its `map` (built now: it holds the current
+        tokenizer), and with `loader_tokenizers` every document's media become codes where it is made."""
         if split not in self.datasets:
             raise RuntimeError(f"no {split} data: call setup() first or give {split} files")
-        dataset = self.datasets[split]
+        dataset, tokenizers = self.datasets[split], self.loader_tokenizers
+        if isinstance(dataset, StreamDataset):
+            text_map = self.text_map(split)
+            dataset.map = text_map if tokenizers is None else TokenizedDocuments(text_map, tokenizers)
+            return dataset
+        if tokenizers is None:
+            return dataset
+        return dataset.with_make(TokenizedDocuments(dataset.make, tokenizers))
+
+    def _loader(self, split: str) -> ReportingLoader:
+        model = self.trainer_model()
+        if self.tokenize_in_loader and model is not None:
+            # Copied now, not at setup: a checkpoint's weights and a sharded model's materialised
+            # tensors arrive between the two.
+            self.tokenize_with(getattr(model, "visual_tokenizer", None), getattr(model, "audio_codec", None))
+        dataset = self.loader_dataset(split)
         train = split == "train"
         if isinstance(dataset, StreamDataset):
-            dataset.map = self.text_map(split)
             rank, world = rank_and_world(self.trainer)
             full = train and len(dataset) // world >= self.batch_size  # else one short batch per rank
             loader: ReportingLoader = StreamLoader(

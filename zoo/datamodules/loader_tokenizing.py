@@ -69,11 +69,12 @@ def tokenize_document(document: Document, tokenizers: FrozenTokenizers) -> Docum
 
 
 class TokenizedDocuments:
-    """`make(index, epoch)` with its documents' media tokenized (`tokenize_document`); picklable, so
-    spawned workers receive it as forked ones do."""
+    """A document maker with its documents' media tokenized (`tokenize_document`): a map-style dataset's
+    `make(index, epoch)` or a stream's `map(sample)`. Picklable, so spawned workers receive it as forked
+    ones do."""
 
-    def __init__(self, make: Callable[[int, int], Document], tokenizers: FrozenTokenizers) -> None:
+    def __init__(self, make: Callable[..., Document], tokenizers: FrozenTokenizers) -> None:
         self.make, self.tokenizers = make, tokenizers
 
-    def __call__(self, index: int, epoch: int) -> Document:
-        return tokenize_document(self.make(index, epoch), self.tokenizers)
+    def __call__(self, *key: object) -> Document:
+        return tokenize_document(self.make(*key), self.tokenizers)

@@ -45,7 +45,7 @@ from zoo.datamodules.paired_documents import (
     draw,
 )
 from zoo.datamodules.requests import MediaRequest, MediaRequests
-from zoo.datamodules.sequence import Document, MediaLayout
+from zoo.datamodules.sequence import Document, MediaLayout, Packing
 from zoo.datamodules.shards import SampleFormat, Shard
 from zoo.datamodules.sources import PairedSource
 from zoo.datamodules.streaming import StreamDataset
@@ -142,7 +142,13 @@ class PairedDataModule(DocumentDataModule):
         tokenizer_texts: most texts read (spread over the sources, in file order) to train it.
         seq_len: packed row length; a longer document is a bad sample (counted, named).
         batch_size: documents per batch.
+        packing: how a batch's documents fill its rows (`SequenceBuilder`): "first_fit_decreasing" lays
+            documents of mixed lengths in fewer rows than "in_order" (docs/benchmarks.md, packing).
         num_workers: DataLoader workers (decoding happens in them).
+        tokenize_in_loader: the workers also tokenize the decoded images, clips and speech, with CPU copies
+            of the fitted model's frozen visual tokenizer and audio codec, so the training step reads codes
+            (`zoo.datamodules.loader_tokenizing`; code shards already hold codes). For CPU runs; on a GPU
+            the model's own encoders are faster. Without a Trainer the model tokenizes as before.
         seed: task draws, guidance dropout, shard order, shuffling, the mixture's fixed parts.
         shuffle_buffer: undecoded samples each training worker holds to shuffle.
         bad_samples: when bad samples stop the run.
@@ -170,7 +176,9 @@ class PairedDataModule(DocumentDataModule):
         tokenizer_texts: int = 20_000,
         seq_len: int = 512,
         batch_size: int = 16,
+        packing: Packing = "in_order",
         num_workers: int = 0,
+        tokenize_in_loader: bool = False,
         seed: int = 0,
         shuffle_buffer: int = 1000,
         bad_samples: BadSamplePolicy = BadSamplePolicy(),
@@ -189,6 +197,8 @@ class PairedDataModule(DocumentDataModule):
             raise ValueError(f"interleaved_media must be 'input' or 'predict', got {interleaved_media!r}")
         if tokenizer_texts < 1 or shuffle_buffer < 1 or predict_samples < 0:
             raise ValueError("tokenizer_texts and shuffle_buffer must be >= 1 and predict_samples >= 0")
+        self.builder.packing = packing
+        self.tokenize_in_loader = tokenize_in_loader
         self.sources, self.val_sources = list(sources), list(val_sources or [])
         self.val_fraction, self.configured_layout, self.media = val_fraction, layout, media
         self.uncond_prob, self.image_context, self.video_context = uncond_prob, image_context, video_context
@@ -202,10 +212,6 @@ class PairedDataModule(DocumentDataModule):
         self._splits: dict[str, tuple[list[PairedSource], list[SourcePart]]] | None = None
 
     # -- sizes from the model ---------------------------------------------------------------------
-    def trainer_model(self) -> object | None:
-        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
-        return getattr(module, "model", None)
-
     def resolve_media(self, model: object | None) -> None:
         """Layout, media sizes and supported tasks from `model` (None: the defaults)."""
         layout = self.configured_layout

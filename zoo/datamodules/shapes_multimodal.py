@@ -159,13 +159,6 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
         self._captions: dict[str, list[str]] = {}
 
-    def setup(self, stage: str | None = None) -> None:
-        trainer = self.trainer
-        if self.tokenize_in_loader and self.loader_tokenizers is None and trainer is not None:
-            model = trainer.lightning_module.model
-            self.tokenize_with(model.visual_tokenizer, model.audio_codec)
-        super().setup(stage)
-
     # -- texts and tokenizer ----------------------------------------------------------------------
     def texts(self, split: str) -> list[str]:
         if split not in self._captions:
