@@ -147,8 +147,8 @@ class PairedDataModule(DocumentDataModule):
         num_workers: DataLoader workers (decoding happens in them).
         tokenize_in_loader: the workers also tokenize the decoded images, clips and speech, with CPU copies
             of the fitted model's frozen visual tokenizer and audio codec, so the training step reads codes
-            (`zoo.datamodules.loader_tokenizing`; code shards already hold codes). For CPU runs; on a GPU
-            the model's own encoders are faster. Without a Trainer the model tokenizes as before.
+            (`zoo.datamodules.loader_tokenizing`; code shards already hold codes). For CPU runs, where those
+            encoders cost a sixth of a step (docs/benchmarks.md). Without a Trainer the model tokenizes.
         seed: task draws, guidance dropout, shard order, shuffling, the mixture's fixed parts.
         shuffle_buffer: undecoded samples each training worker holds to shuffle.
         bad_samples: when bad samples stop the run.
