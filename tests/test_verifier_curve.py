@@ -55,8 +55,10 @@ def test_the_curve_scores_every_task_every_n_steps_and_at_the_end(tmp_path):
 
 
 def test_the_gallery_scores_the_held_out_split_under_its_own_keys(tmp_path):
-    _fit(tmp_path, [MultimodalGallery(num_samples=2, score_splits=["test"])], steps=1)
+    _fit(tmp_path, [MultimodalGallery(num_samples=2, score_splits=["test"], best_of=2)], steps=1)
     metrics = json.loads((tmp_path / "gallery" / "metrics.json").read_text())
+    assert metrics["text_to_image/best_of"] == metrics["test/text_to_image/best_of"] == 2.0
+    assert "test/text_to_image/one_sample_exact" in metrics
     for task in ("text_to_image", "image_to_text"):
         for key in ("exact", "attribute_accuracy"):
             assert f"{task}/{key}" in metrics and f"test/{task}/{key}" in metrics

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from rich.console import Console
 from rich.table import Table
 
+from zoo.inference.best_of import check_best_of
 from zoo.models.moe import Router
 from zoo.models.refinement import RefinerSettings
 from zoo.parallel import is_sharded
@@ -171,6 +172,9 @@ class MultimodalGallery(L.Callback):
         refiner: a diffusion refiner (folder or Hub id, steps, seed) for caption-to-image: the page shows each
             decode beside its refinement, and metrics.json adds `text_to_image/refined_exact`, `/psnr`, ...
             (loaded here, so that a wrong folder fails before training).
+        best_of, audio_best_of: draw this many images / utterances a caption and keep the one the model reads
+            back as the caption most likely (`zoo.inference.best_of`; 1: one sample); the page and
+            metrics.json add what one sample scores (`text_to_image/one_sample_exact`, ...).
     """
 
     def __init__(
@@ -184,7 +188,11 @@ class MultimodalGallery(L.Callback):
         seed: int = 0,
         refiner: RefinerSettings | None = None,
         audio_cfg_scale: float = 0.0,
+        best_of: int = 1,
+        audio_best_of: int = 1,
     ) -> None:
+        check_best_of(best_of=best_of, audio_best_of=audio_best_of)  # before training, not after it
+        self.best_of, self.audio_best_of = best_of, audio_best_of
         self.num_samples, self.split, self.cfg_scale = num_samples, split, cfg_scale
         self.audio_cfg_scale = audio_cfg_scale
         self.score_splits = list(score_splits or [])
@@ -208,6 +216,7 @@ class MultimodalGallery(L.Callback):
             return evaluate(
                 pl_module.model, datamodule, self.num_samples, split, self.cfg_scale, self.temperature,
                 self.top_k, seed=self.seed, refinement=self.refinement, audio_cfg_scale=self.audio_cfg_scale,
+                best_of=self.best_of, audio_best_of=self.audio_best_of,
             )
 
         result = scored(self.split)
@@ -236,6 +245,13 @@ class MultimodalGallery(L.Callback):
             console.print(
                 f"text_to_audio: caption words read back in place {m['text_to_audio/word_accuracy']:.2f} "
                 f"(random codes {m['text_to_audio/baseline_word_accuracy']:.2f})"
+            )
+        for task in (t for t in tasks if f"{t}/best_of" in m):
+            one = f"{task}/one_sample"
+            console.print(
+                f"{task}: the best of {m[f'{task}/best_of']:.0f} by the model's own reading; one sample: "
+                f"exact {m[f'{one}_exact']:.2f}, attributes {m[f'{one}_attribute_accuracy']:.2f}"
+                + (f", words in place {m[f'{one}_word_accuracy']:.2f}" if f"{one}_word_accuracy" in m else "")
             )
         if "text_to_image/refined_exact" in m:
             console.print(

@@ -38,6 +38,7 @@ from torch import Tensor
 from zoo.datamodules.requests import MediaRequest, MediaRequests
 from zoo.datamodules.sequence import AudioSegment, document_length
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
+from zoo.inference.best_of import check_best_of, draw_candidates, prompt_caption, rank_candidates
 from zoo.media.writing import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
@@ -161,13 +162,21 @@ def evaluate(
     caption_temperature: float = 0.0,
     refinement: ImageRefinement | None = None,
     audio_cfg_scale: float = 0.0,
+    best_of: int = 1,
+    audio_best_of: int = 1,
 ) -> Evaluation:
     """Score the model on `n` scenes of `split` per task; metrics are keyed `task/verifier`.
 
     Media are sampled at `temperature` with `top_k` (and guidance `cfg_scale`); captions are decoded at
     `caption_temperature` (0: greedy, the one best answer, which is what exact match should judge).
     refinement: also refine and score the caption-to-image decodes (the same codes; `refined_*` keys).
-    audio_cfg_scale: guidance of caption to speech (0: off; for a model trained with caption-less speech)."""
+    audio_cfg_scale: guidance of caption to speech (0: off; for a model trained with caption-less speech).
+    best_of, audio_best_of: draw this many images (videos) / utterances a caption and keep the one the model
+    itself reads back as the caption most likely (`zoo.inference.best_of`; 1: one sample). The usual keys
+    then score the kept ones; `task/one_sample_exact` and `task/one_sample_attribute_accuracy` (for speech
+    also `.../one_sample_word_accuracy`) score the first candidates, one plain sample each, and
+    `task/best_of` says how many were drawn."""
+    check_best_of(best_of=best_of, audio_best_of=audio_best_of)
     if data.tokenizer is None:
         data.setup("validate")
     if refinement is not None and model.nfsp is not None:  # refused before any generation
@@ -182,8 +191,9 @@ def evaluate(
         scenes = world.scenes(split, n)
         if task in GENERATION:
             guidance = audio_cfg_scale if task == Task.TEXT_TO_AUDIO else cfg_scale
+            draws = audio_best_of if task == Task.TEXT_TO_AUDIO else best_of
             _evaluate_generation(model, data, task, scenes, guidance, temperature, top_k, max_audio_frames,
-                                 generator, cpu_generator, result)
+                                 generator, cpu_generator, result, draws)
             if refinement is not None and task == Task.TEXT_TO_IMAGE:
                 _refine_samples(task, refinement, result)
         else:
@@ -201,11 +211,12 @@ def _verify(task: str, media: Tensor, scene: Scene, data: ShapesMultimodalDataMo
 
 
 def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_k, max_frames,
-                         generator, cpu_generator, result) -> None:  # noqa: ANN001 (internal)
+                         generator, cpu_generator, result, best_of=1) -> None:  # noqa: ANN001 (internal)
     prompts = [data.generation_prompt(task, s) for s in scenes]
+    codes, first = _draw(model, data, task, prompts, cfg_scale, temperature, top_k, max_frames, generator,
+                         best_of)
+    media = _decoded(model, task, codes)
     if task == Task.TEXT_TO_AUDIO:
-        codes = generate_audio(model, prompts, max_frames, temperature, top_k, None, generator, cfg_scale)
-        media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
         q, size = model.ncp.levels, model.ncp.size
         baseline = [
             model.ncp.decode(torch.randint(0, size, (1, max(len(c), 1), q), generator=cpu_generator))[0]
@@ -213,8 +224,6 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
         ]
     else:
         frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
-        codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k, None, generator)
-        media = list(decode_visual(model, codes).cpu())
         baseline = list(decode_visual(model, random_codes(model, len(scenes), frames, cpu_generator)).cpu())
     scores = [_verify(task, m, s, data) for m, s in zip(media, scenes, strict=True)]
     base = [_verify(task, m, s, data) for m, s in zip(baseline, scenes, strict=True)]
@@ -224,14 +233,66 @@ def _evaluate_generation(model, data, task, scenes, cfg_scale, temperature, top_
     for scene, m, score in zip(scenes, media, scores, strict=True):
         result.samples.append(Sample(task, scene, world.caption(scene), media=m, score=score))
     result.metrics.update(_scored(task, scores, base, scenes))
+    said = [world.caption(s) for s in scenes]
     if task == Task.TEXT_TO_AUDIO:  # partial credit: the right words in a caption that does not parse
-        said = [world.caption(s) for s in scenes]
         for key, waves in (("word_accuracy", media), ("baseline_word_accuracy", baseline)):
-            words = [word_accuracy(c, read_speech(w, SAMPLE_RATE)) for c, w in zip(said, waves, strict=True)]
+            words = _words(said, waves)
             result.metrics[f"{task}/{key}"] = sum(words) / max(len(words), 1)
             if key == "word_accuracy":
                 low, high = interval95(words)
                 result.metrics.update({f"{task}/{key}_ci95_low": low, f"{task}/{key}_ci95_high": high})
+    if first is not None:  # what one sample scores, beside the best of `best_of`
+        one = _decoded(model, task, first)
+        one_scores = [_verify(task, m, s, data) for m, s in zip(one, scenes, strict=True)]
+        result.metrics[f"{task}/best_of"] = float(best_of)
+        result.metrics[f"{task}/one_sample_exact"] = _mean(one_scores, "exact")
+        result.metrics[f"{task}/one_sample_attribute_accuracy"] = _mean(one_scores, "attribute_accuracy")
+        if task == Task.TEXT_TO_AUDIO:
+            words = _words(said, one)
+            result.metrics[f"{task}/one_sample_word_accuracy"] = sum(words) / max(len(words), 1)
+
+
+def _draw(model, data, task, prompts, cfg_scale, temperature, top_k, max_frames, generator,
+          best_of) -> tuple[list[Tensor], list[Tensor] | None]:  # noqa: ANN001 (internal)
+    """Each prompt's codes (speech: `[F, Q]` a prompt; images and videos: per scale `[B, frames, s, s]`, as
+    `decode_visual` takes them): one sample, or the best of `best_of` by the model's own reading
+    (`zoo.inference.best_of`), and then also the first candidates (one plain sample each) to score beside."""
+    audio = task == Task.TEXT_TO_AUDIO
+    frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
+
+    def draw(p: list[list[int]]) -> list:  # one entry a prompt: speech codes, or its codes per scale
+        if audio:
+            return generate_audio(model, p, max_frames, temperature, top_k, None, generator, cfg_scale)
+        scales = generate_visual(model, p, frames, cfg_scale, temperature, top_k, None, generator)
+        return [[c[i] for c in scales] for i in range(len(p))]
+
+    def joined(per_prompt: list) -> list[Tensor]:
+        return per_prompt if audio else [torch.stack(scale) for scale in zip(*per_prompt, strict=True)]
+
+    if best_of == 1:
+        return joined(draw(prompts)), None
+    candidates = draw_candidates(draw, prompts, best_of, 2 if cfg_scale > 0 else 1)
+    if audio:
+        read = [[AudioSegment(codes=c, predict=False) if len(c) else None for c in row] for row in candidates]
+    else:
+        read = [[data.read(m) for m in decode_visual(model, joined(row)).cpu()] for row in candidates]
+    best, _ = rank_candidates(model, data.builder, [prompt_caption(p) for p in prompts], read)
+    return joined([candidates[c][i] for i, c in enumerate(best)]), joined(candidates[0])
+
+
+def _decoded(
+    model: UnifiedModel, task: Task, codes: list[Tensor], refinement: ImageRefinement | None = None
+) -> list[Tensor]:
+    """Codes as `_draw` gives them, decoded to waveforms `[N]` or pixels (refined, given a refinement), on
+    the CPU."""
+    if task == Task.TEXT_TO_AUDIO:
+        return [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
+    return list(decode_visual(model, codes, refinement).cpu())
+
+
+def _words(captions: list[str], waves: list[Tensor]) -> list[float]:
+    """Per caption, the share of its words `read_speech` hears in place in its waveform."""
+    return [word_accuracy(c, read_speech(w, SAMPLE_RATE)) for c, w in zip(captions, waves, strict=True)]
 
 
 def _reconstructions(model: UnifiedModel, data: ShapesMultimodalDataModule, task: Task,
@@ -255,8 +316,7 @@ def _ceiling_metrics(task: Task, media: list[Tensor], scenes: list[Scene],
     metrics = {f"{task}/ceiling_exact": _mean(scores, "exact"),
                f"{task}/ceiling_attribute_accuracy": _mean(scores, "attribute_accuracy")}
     if task == Task.TEXT_TO_AUDIO:
-        said = [data.world.caption(s) for s in scenes]
-        words = [word_accuracy(c, read_speech(w, SAMPLE_RATE)) for c, w in zip(said, media, strict=True)]
+        words = _words([data.world.caption(s) for s in scenes], media)
         metrics[f"{task}/ceiling_word_accuracy"] = sum(words) / max(len(words), 1)
     return metrics
 
@@ -301,11 +361,14 @@ def answer_requests(
     max_caption_tokens: int = 48,
     max_audio_frames: int = 160,
     refinement: ImageRefinement | None = None,
+    best_of: int = 1,
+    audio_best_of: int = 1,
 ) -> list[dict[str, object]]:
     """Rows for `GenerationWriter`: {"task", "name", "text" or "media", "scores" when the scene is known}.
 
     refinement: generated images and video frames are refined (`decode_visual`) before they are written and
-    scored."""
+    scored. best_of, audio_best_of: as `evaluate`'s (the best of that many by the model's own reading)."""
+    check_best_of(best_of=best_of, audio_best_of=audio_best_of)
     if refinement is not None and model.nfsp is not None:  # refused before any generation
         refinement.check_fits(model.nfsp.tokenizer.image_size)
     model.eval()
@@ -323,13 +386,11 @@ def answer_requests(
         chosen = [r for r in requests if r.task == task]
         if task in GENERATION:
             prompts = [r.prompt for r in chosen]
-            if task == Task.TEXT_TO_AUDIO:
-                codes = generate_audio(model, prompts, max_audio_frames, temperature, top_k)
-                media = [model.ncp.decode(c[None])[0].cpu() if len(c) else torch.zeros(1) for c in codes]
-            else:
-                frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
-                codes = generate_visual(model, prompts, frames, cfg_scale, temperature, top_k)
-                media = list(decode_visual(model, codes, refinement).cpu())
+            audio = task == Task.TEXT_TO_AUDIO
+            guidance, draws = (0.0, audio_best_of) if audio else (cfg_scale, best_of)
+            codes, _ = _draw(model, data, task, prompts, guidance, temperature, top_k, max_audio_frames, None,
+                             draws)
+            media = _decoded(model, task, codes, refinement)
             for r, m in zip(chosen, media, strict=True):
                 row: dict[str, object] = {"task": task, "name": r.name, "prompt": data.decode(r.prompt)}
                 row["media"] = m
@@ -457,6 +518,14 @@ def write_gallery(evaluation: Evaluation, directory: str | Path, title: str = "S
                 f"{m[f'{p}/baseline_exact']:.2f} | {m[f'{p}/baseline_attribute_accuracy']:.2f} | "
                 f"{_ceiling(m, p)} | {_by_objects(m, p)} |"
             )
+            if f"{p}/best_of" in m:  # what the kept samples were chosen from: one plain sample's scores
+                one = f"{p}/one_sample"
+                words = f"{m[f'{one}_word_accuracy']:.2f}" if f"{one}_word_accuracy" in m else ""
+                lines.append(
+                    f"| {p}, one sample (above: the best of {m[f'{p}/best_of']:.0f} by the model's own "
+                    f"reading) | {m[f'{one}_exact']:.2f} | {m[f'{one}_attribute_accuracy']:.2f} | {words} "
+                    "|  |  |  |  |"
+                )
             if f"{p}/refined_exact" in m:  # the same codes through the diffusion refiner
                 lines.append(
                     f"| {p} refined (PSNR {m[f'{p}/psnr']:.2f} -> {m[f'{p}/refined_psnr']:.2f} dB) | "

@@ -19,6 +19,7 @@ from zoo.analysis.routing import load_entropy
 from zoo.batch import GroupBatch, Modality
 from zoo.config import save_config_hyperparameters
 from zoo.expert_parallel import clip_grad_norm_
+from zoo.inference.best_of import check_best_of
 from zoo.init_from import hand_over_tokenizer, load_starting_weights
 from zoo.models.backbone import BackboneOutput
 from zoo.models.elastic import ElasticSampler
@@ -49,6 +50,8 @@ class SamplingConfig:
     max_audio_frames: longest generated audio, in codec frames.
     refiner: the diffusion refiner applied to generated images and video frames after the tokenizer's decode
         (`zoo.models.refinement`; None: the decode as it is).
+    best_of, audio_best_of: draw this many images (videos) / utterances a prompt and keep the one the model
+        reads back as the prompt's caption most likely (`zoo.inference.best_of`; 1: one sample).
     """
 
     max_new_tokens: int = 48
@@ -59,6 +62,11 @@ class SamplingConfig:
     media_top_k: int | None = 8
     max_audio_frames: int = 160
     refiner: RefinerSettings | None = None
+    best_of: int = 1
+    audio_best_of: int = 1
+
+    def __post_init__(self) -> None:
+        check_best_of(best_of=self.best_of, audio_best_of=self.audio_best_of)
 
 
 def router_statistics(output: BackboneOutput, batch: GroupBatch, n_experts: int) -> dict[str, Tensor]:
@@ -276,7 +284,7 @@ class UnifiedPretraining(L.LightningModule):
             with gathered(self.model) as model:
                 return answer_requests(
                     model, datamodule, batch, s.cfg_scale, s.temperature, s.media_top_k,
-                    s.max_new_tokens, s.max_audio_frames, self.refinement(),
+                    s.max_new_tokens, s.max_audio_frames, self.refinement(), s.best_of, s.audio_best_of,
                 )
         limit, budget = self.model.backbone.max_seq_len, self.sampling.max_new_tokens
         fitting = [p for p in batch if len(p) + budget <= limit]
