@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from code_shard_helpers import unified_model, write_text_tokenizer, write_tokenizers
 from PIL import Image
 
@@ -274,3 +275,29 @@ def test_a_model_with_a_vision_encoder_and_no_3d_tokenizer_reads_a_video_frame_b
     assert isinstance(reader(video=path, max_new_tokens=4, temperature=0), str)
     with pytest.raises(ValueError, match="cannot take video"):  # as codes, this model has no 3D tokenizer
         Pipeline(model, tokenizer, video_context=False).prompt_batch(None, video=path)
+
+
+def test_best_of_returns_the_draw_the_model_reads_back_as_the_caption_most_likely(pipe, parts):
+    from zoo.datamodules.sequence import VisualSegment
+    from zoo.inference.best_of import reading, score_documents
+    from zoo.inference.pipeline import to_pil
+    from zoo.models.media_generation import generate_visual
+    from zoo.models.refinement import decode_visual
+
+    model, _ = parts
+    caption = "a small red circle"
+    kept = pipe(caption, output="image", temperature=1.0, seed=0, best_of=4)
+    prompt = pipe.maker.generation_prompt("text_to_image", caption)
+    # The same four draws by hand (one sampler call, as the pipeline makes them), each read back and scored.
+    codes = generate_visual(model, [prompt] * 4, 1, 2.0, 1.0, None, None, torch.Generator().manual_seed(0))
+    pixels = decode_visual(model, codes)
+    vocab = model.vocab
+    read = [pipe.maker.media(VisualSegment(p), False, "drawn", context=True) for p in pixels]
+    documents = [reading(prompt[1:-1], r, vocab.bos_id, vocab.eos_id) for r in read]
+    scores = score_documents(model, pipe.builder, documents)
+    assert len(set(scores.tolist())) == 4  # the draws differ, so the choice is a real one
+    assert np.array_equal(np.asarray(kept), np.asarray(to_pil(pixels[int(scores.argmax())])))
+    speech = pipe(caption, output="speech", max_audio_frames=4, seed=0, best_of=2)
+    assert isinstance(speech, Speech) and len(speech.wave) <= 4 * pipe.layout.audio_hop
+    with pytest.raises(ValueError, match="best_of must be >= 1"):
+        pipe(caption, output="image", best_of=0)

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from zoo.batch import IGNORE_INDEX
-from zoo.datamodules.sequence import Document, Segment, SequenceBuilder, TextSegment
+from zoo.datamodules.sequence import AudioSegment, Document, Segment, SequenceBuilder, TextSegment
+from zoo.models.refinement import decode_visual
 from zoo.models.unified import UnifiedModel
 
 T = TypeVar("T")
@@ -98,3 +99,45 @@ def rank_candidates(
 def prompt_caption(prompt: list[int]) -> list[int]:
     """The caption of a caption-to-media prompt `<bos> caption <opener>`."""
     return list(prompt[1:-1])
+
+
+def best_of_visual(
+    model: UnifiedModel,
+    builder: SequenceBuilder,
+    prompts: list[list[int]],
+    n: int,
+    draw: Callable[[list[list[int]]], list[Tensor]],
+    read: Callable[[Tensor], Segment],
+    rows_per_prompt: int = 1,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Images (videos) for caption-to-media `prompts`: the best of `n` draws each, and the first draws (one
+    plain sample each), both as codes per scale `[B, frames, s, s]`. `draw` is a sampler call giving codes so
+    for a prompt list; `read` turns one decoded image `[3, H, W]` (video `[3, T, H, W]`) into the segment
+    understanding reads (through the vision encoder or as codes, as the model was trained)."""
+
+    def per_prompt(rows: list[list[int]]) -> list[list[Tensor]]:
+        scales = draw(rows)
+        return [[scale[i] for scale in scales] for i in range(len(rows))]
+
+    def joined(codes: list[list[Tensor]]) -> list[Tensor]:
+        return [torch.stack(scale) for scale in zip(*codes, strict=True)]
+
+    candidates = draw_candidates(per_prompt, prompts, n, rows_per_prompt)
+    segments = [[read(pixels) for pixels in decode_visual(model, joined(row)).cpu()] for row in candidates]
+    best, _ = rank_candidates(model, builder, [prompt_caption(p) for p in prompts], segments)
+    return joined([candidates[c][i] for i, c in enumerate(best)]), joined(candidates[0])
+
+
+def best_of_speech(
+    model: UnifiedModel,
+    builder: SequenceBuilder,
+    prompts: list[list[int]],
+    n: int,
+    draw: Callable[[list[list[int]]], list[Tensor]],
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Codec codes `[F, Q]` for caption-to-speech `prompts`: the best of `n` draws each (read back as their
+    codes), and the first draws. `draw` is a sampler call giving one `[F, Q]` a prompt."""
+    candidates = draw_candidates(draw, prompts, n)
+    segments = [[AudioSegment(codes=c, predict=False) if len(c) else None for c in row] for row in candidates]
+    best, _ = rank_candidates(model, builder, [prompt_caption(p) for p in prompts], segments)
+    return [candidates[c][i] for i, c in enumerate(best)], candidates[0]

@@ -35,8 +35,9 @@ from zoo.datamodules.chat import ChatError, Turn, chat_document, plain_layout
 from zoo.datamodules.documents import decode_text
 from zoo.datamodules.media_samples import Media, MediaSpec, decode_media
 from zoo.datamodules.paired_documents import DocumentMaker, MediaSupport
-from zoo.datamodules.sequence import AudioSegment, MediaLayout, SequenceBuilder, VisualSegment
+from zoo.datamodules.sequence import AudioSegment, MediaLayout, Segment, SequenceBuilder, VisualSegment
 from zoo.hub import from_pretrained, load_lightning_checkpoint, load_tokenizer
+from zoo.inference.best_of import best_of_speech, best_of_visual, check_best_of
 from zoo.media import MediaSource, kind_of
 from zoo.models.decode import text_prompts
 from zoo.models.generation import stream_text
@@ -138,12 +139,15 @@ class Pipeline:
         max_audio_frames: int = 160,
         seed: int | None = None,
         refine: bool = True,
+        best_of: int = 1,
     ) -> str | Image.Image | list[Image.Image] | Speech:
         """Text out: the continuation of `text`, or the caption (transcript) of the one medium given, `text`
         then being the prompt training put before it. `output="image"`, `"video"` or `"speech"`: the medium
         drawn for the caption `text` (classifier-free guidance `cfg_scale` for images and video).
         temperature 0 is greedy; `seed` makes sampling repeatable. `refine=False` skips the pipeline's refiner
-        (when it has one) for this call: the tokenizer's decode of the same codes."""
+        (when it has one) for this call: the tokenizer's decode of the same codes. `best_of` > 1 draws that
+        many media and returns the one the model reads back as `text` most likely (zoo.inference.best_of)."""
+        check_best_of(best_of=best_of)
         if output == "text":
             pieces = self.stream(
                 text, image=image, audio=audio, video=video, max_new_tokens=max_new_tokens,
@@ -159,14 +163,30 @@ class Pipeline:
         task = _GENERATES[output]
         prompt = self.maker.generation_prompt(task, text)
         generator = self._generator(seed)
+        model = self.model
         if output == "speech":
             self.check_fits(len(prompt), max_audio_frames + 2, "audio frames")
-            model = self.model
-            codes = generate_audio(model, [prompt], max_audio_frames, temperature, top_k, top_p, generator)
-            return self._speech(codes[0])
+
+            def speech(rows: list[list[int]]) -> list[torch.Tensor]:
+                return generate_audio(model, rows, max_audio_frames, temperature, top_k, top_p, generator)
+
+            if best_of > 1:
+                return self._speech(best_of_speech(model, self.builder, [prompt], best_of, speech)[0][0])
+            return self._speech(speech([prompt])[0])
         frames = self.layout.latent_frames(self.spec.video_frames) if output == "video" else 1
         self.check_fits(len(prompt), 2 + frames * self.layout.tokens_per_frame, "visual codes")
-        codes = generate_visual(self.model, [prompt], frames, cfg_scale, temperature, top_k, top_p, generator)
+
+        def visual(rows: list[list[int]]) -> list[torch.Tensor]:
+            return generate_visual(model, rows, frames, cfg_scale, temperature, top_k, top_p, generator)
+
+        if best_of > 1:
+            def read(pixels: torch.Tensor) -> Segment:  # as understanding reads an image given to it
+                return self.maker.media(VisualSegment(pixels), False, "a drawn candidate", context=True)
+
+            guided = 2 if cfg_scale > 0 else 1
+            codes = best_of_visual(model, self.builder, [prompt], best_of, visual, read, guided)[0]
+        else:
+            codes = visual([prompt])
         refinement = self.refinement if refine else None
         pixels = decode_visual(self.model, codes, refinement)[0]  # [3, H, W] or [3, T, H, W]
         if output == "image":

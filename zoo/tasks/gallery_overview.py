@@ -75,6 +75,9 @@ def overview_figure(
         row_top = height - top_h - r * (heading_h + cell_h)
         exact = metrics.get(f"{task}/exact")
         heading = task + (f"   exact {exact:.2f} over all scenes scored" if exact is not None else "")
+        if f"{task}/best_of" in metrics:  # the samples shown were chosen: from how many, and one draw's score
+            heading += (f" (the best of {metrics[f'{task}/best_of']:.0f} by its own reading; one sample "
+                        f"{metrics[f'{task}/one_sample_exact']:.2f})")
         fig.text(0.1 / width, (row_top - 0.05) / height, heading, fontsize=8, fontweight="bold", va="top")
         for c, sample in enumerate([s for s in samples if s.task == task][:per_task]):
             side = cell_w - 0.25

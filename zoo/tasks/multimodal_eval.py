@@ -38,7 +38,7 @@ from torch import Tensor
 from zoo.datamodules.requests import MediaRequest, MediaRequests
 from zoo.datamodules.sequence import AudioSegment, document_length
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
-from zoo.inference.best_of import check_best_of, draw_candidates, prompt_caption, rank_candidates
+from zoo.inference.best_of import best_of_speech, best_of_visual, check_best_of
 from zoo.media.writing import save_gif, save_png, save_spectrogram_png, save_wav
 from zoo.models.media_generation import generate_audio, generate_text_after, generate_visual
 from zoo.models.nfsp import unflatten_scales
@@ -257,27 +257,21 @@ def _draw(model, data, task, prompts, cfg_scale, temperature, top_k, max_frames,
     """Each prompt's codes (speech: `[F, Q]` a prompt; images and videos: per scale `[B, frames, s, s]`, as
     `decode_visual` takes them): one sample, or the best of `best_of` by the model's own reading
     (`zoo.inference.best_of`), and then also the first candidates (one plain sample each) to score beside."""
-    audio = task == Task.TEXT_TO_AUDIO
+    if task == Task.TEXT_TO_AUDIO:
+        def speech(rows: list[list[int]]) -> list[Tensor]:
+            return generate_audio(model, rows, max_frames, temperature, top_k, None, generator, cfg_scale)
+
+        if best_of == 1:
+            return speech(prompts), None
+        return best_of_speech(model, data.builder, prompts, best_of, speech)
     frames = data.layout.latent_frames(data.video_frames) if task == Task.TEXT_TO_VIDEO else 1
 
-    def draw(p: list[list[int]]) -> list:  # one entry a prompt: speech codes, or its codes per scale
-        if audio:
-            return generate_audio(model, p, max_frames, temperature, top_k, None, generator, cfg_scale)
-        scales = generate_visual(model, p, frames, cfg_scale, temperature, top_k, None, generator)
-        return [[c[i] for c in scales] for i in range(len(p))]
-
-    def joined(per_prompt: list) -> list[Tensor]:
-        return per_prompt if audio else [torch.stack(scale) for scale in zip(*per_prompt, strict=True)]
+    def visual(rows: list[list[int]]) -> list[Tensor]:
+        return generate_visual(model, rows, frames, cfg_scale, temperature, top_k, None, generator)
 
     if best_of == 1:
-        return joined(draw(prompts)), None
-    candidates = draw_candidates(draw, prompts, best_of, 2 if cfg_scale > 0 else 1)
-    if audio:
-        read = [[AudioSegment(codes=c, predict=False) if len(c) else None for c in row] for row in candidates]
-    else:
-        read = [[data.read(m) for m in decode_visual(model, joined(row)).cpu()] for row in candidates]
-    best, _ = rank_candidates(model, data.builder, [prompt_caption(p) for p in prompts], read)
-    return joined([candidates[c][i] for i, c in enumerate(best)]), joined(candidates[0])
+        return visual(prompts), None
+    return best_of_visual(model, data.builder, prompts, best_of, visual, data.read, 2 if cfg_scale > 0 else 1)
 
 
 def _decoded(
