@@ -39,6 +39,10 @@ def serve_main(argv: list[str], parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-images", type=int, default=4, help="most images one generation request draws")
     parser.add_argument(
+        "--max-best-of", type=int, default=16,
+        help="most candidates an image or speech request may draw to keep the best of (its best_of)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-audio-frames", type=int, default=160, help="most codec frames of a speech answer"
     )
     parser.add_argument("--device", default="cpu")
@@ -61,6 +65,7 @@ def serve_main(argv: list[str], parser: argparse.ArgumentParser) -> None:
     name = args.model_name or model_name(args.source)
     limits = ServeLimits(
         max_tokens=args.max_tokens, request_timeout=args.request_timeout, max_images=args.max_images,
+        max_best_of=args.max_best_of,
         max_audio_frames=args.max_audio_frames,
     )  # fmt: skip
     app = create_app(

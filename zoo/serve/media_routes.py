@@ -24,6 +24,12 @@ def add_media_routes(v1: APIRouter, server: Server) -> None:
     """The media routes on `v1` (the `/v1` router with its API-key check)."""
     pipe, limits = server.pipe, server.limits
 
+    def check_best_of(best_of: int) -> None:
+        if best_of > limits.max_best_of:
+            most = limits.max_best_of
+            message = f"best_of is {best_of}; this server draws at most {most} a request"
+            raise APIError(400, message, "best_of")
+
     @v1.post("/images/generations")
     async def images(body: ImageRequest) -> dict:
         if body.model is not None:
@@ -37,6 +43,7 @@ def add_media_routes(v1: APIRouter, server: Server) -> None:
             raise APIError(
                 400, f"n is {body.n}; this server draws at most {limits.max_images} images a request", "n"
             )
+        check_best_of(body.best_of)
         side = pipe.spec.image_size
         if body.size not in (None, "auto", f"{side}x{side}"):
             raise APIError(400, f"size {body.size!r}: this model draws {side}x{side} images only", "size")
@@ -45,7 +52,7 @@ def add_media_routes(v1: APIRouter, server: Server) -> None:
             seed = None if body.seed is None else body.seed + i
 
             def draw(seed: int | None = seed):
-                return pipe(body.prompt, output="image", seed=seed)
+                return pipe(body.prompt, output="image", seed=seed, best_of=body.best_of)
 
             image = await server.job(draw, deadline)
             buffer = io.BytesIO()
@@ -68,8 +75,11 @@ def add_media_routes(v1: APIRouter, server: Server) -> None:
         if body.instructions is not None:
             raise APIError(400, "instructions are not supported yet: the model has one voice", "instructions")
 
+        check_best_of(body.best_of)
+
         def speak():
-            return pipe(body.input, output="speech", max_audio_frames=limits.max_audio_frames, seed=body.seed)
+            frames, seed = limits.max_audio_frames, body.seed
+            return pipe(body.input, output="speech", max_audio_frames=frames, seed=seed, best_of=body.best_of)
 
         spoken = await server.job(speak, deadline)
         buffer = io.BytesIO()

@@ -117,6 +117,7 @@ class ImageRequest(Body):
     size: str | None = None
     response_format: Literal["b64_json", "url"] | None = None
     seed: int | None = None  # not OpenAI's: repeatable images
+    best_of: int = Field(1, ge=1)  # not OpenAI's: the best of that many draws by the model's own reading
     user: str | None = None
 
 
@@ -128,3 +129,4 @@ class SpeechRequest(Body):
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = None
     seed: int | None = None  # not OpenAI's: repeatable speech
+    best_of: int = Field(1, ge=1)  # not OpenAI's: the best of that many draws by the model's own reading

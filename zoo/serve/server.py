@@ -58,6 +58,8 @@ class ServeLimits:
         request_timeout: seconds a request may take, queueing included (504 past it).
         max_images: most images one generation request may ask for.
         max_audio_frames: most codec frames of a speech answer.
+        max_best_of: most candidates one image or speech request may draw to keep the best of
+            (`best_of`, `zoo.inference.best_of`): each costs a whole generation.
         retry_after_s: what `Retry-After` says on a 429.
         media: input image and audio limits (`zoo.serve.chat.MediaLimits`).
     """
@@ -67,6 +69,7 @@ class ServeLimits:
     request_timeout: float = 60.0
     max_images: int = 4
     max_audio_frames: int = 160
+    max_best_of: int = 16
     retry_after_s: int = 1
     media: MediaLimits = field(default_factory=MediaLimits)
 
