@@ -42,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--cfg-scale", type=float, default=2.0, help="guidance weight of images and video")
     p.add_argument("--seed", type=int, default=None, help="makes sampling repeatable")
+    p.add_argument(
+        "--best-of", type=int, default=1,
+        help="draw this many media and keep the one the model reads back as the caption most likely",
+    )  # fmt: skip
     p.add_argument("--device", default="cpu")
     p.add_argument("--refiner", default=None, help="a diffusion refiner's folder or hub id: refines images")
     p.add_argument("--refiner-steps", type=int, default=None, help="its sampling steps (default: its own)")
@@ -71,7 +75,7 @@ def generate_main(argv: list[str]) -> None:
         return
     answer = pipe(
         args.prompt, image=args.image, audio=args.audio, video=args.video, output=args.output,
-        max_audio_frames=args.max_audio_frames, cfg_scale=args.cfg_scale, **sampling,
+        max_audio_frames=args.max_audio_frames, cfg_scale=args.cfg_scale, best_of=args.best_of, **sampling,
     )  # fmt: skip
     out = Path(args.out or DEFAULT_OUT[args.output])
     if isinstance(answer, Speech):

@@ -111,9 +111,9 @@ def best_of_visual(
     rows_per_prompt: int = 1,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Images (videos) for caption-to-media `prompts`: the best of `n` draws each, and the first draws (one
-    plain sample each), both as codes per scale `[B, frames, s, s]`. `draw` is a sampler call giving codes so
-    for a prompt list; `read` turns one decoded image `[3, H, W]` (video `[3, T, H, W]`) into the segment
-    understanding reads (through the vision encoder or as codes, as the model was trained)."""
+    plain sample each), both as codes per scale `[B, frames, s, s]`. `draw` is a sampler call giving such
+    codes for a prompt list; `read` turns one decoded image `[3, H, W]` (video `[3, T, H, W]`) into the
+    segment understanding reads (through the vision encoder or as codes, as the model was trained)."""
 
     def per_prompt(rows: list[list[int]]) -> list[list[Tensor]]:
         scales = draw(rows)
