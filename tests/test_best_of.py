@@ -6,9 +6,12 @@ that the gallery, `evaluate` and `zoo predict`'s settings carry the option with 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from zoo.cli import ZooCLI
 from zoo.datamodules.sequence import AudioSegment, MediaLayout, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.inference.best_of import ROWS_PER_DRAW, draw_candidates, rank_candidates, reading, score_documents
@@ -137,3 +140,15 @@ def test_speech_candidates_are_read_as_their_codes(tiny):
     assert abs(float(by_codes) - float(by_wave)) < 1e-3  # a generated utterance reads as its speech would
     assert by_codes < 0
     assert isinstance(as_codes[-1], TextSegment) and as_codes[-1].ids[-1] == vocab.eos_id
+
+
+def test_zoo_predict_takes_best_of_from_yaml_and_refuses_zero(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    quickstart = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    args = ["--config", quickstart, f"--trainer.default_root_dir={tmp_path}"]
+    cli = ZooCLI(args=[*args, "--model.init_args.sampling.best_of=4"], run=False)
+    assert cli.model.sampling.best_of == 4 and cli.model.sampling.audio_best_of == 1
+    with pytest.raises((ValueError, SystemExit)) as refused:
+        ZooCLI(args=[*args, "--model.init_args.sampling.audio_best_of=0"], run=False)
+    said = str(refused.value) + "".join(capfd.readouterr())
+    assert "audio_best_of must be >= 1" in said  # the reason, not some other parse error
