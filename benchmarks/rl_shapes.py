@@ -56,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--reuse", action="store_true", help="score the policies already in --out; no training")
     p.add_argument("--seed", type=int, default=0, help="the RL runs' seed_everything")
     p.add_argument("--batch-size", type=int, default=None, help="queries per RL step (default: the config's)")
+    p.add_argument("--reward", choices=("verifier", "reading"), default="verifier",
+                   help="what rewards rollouts: the verifier, or (caption to media) the warm start's reading")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot", default=None, help="directory for the figure")
     p.add_argument("--figure", default="rl_shapes.png", help="the figure's file name")
@@ -75,7 +77,9 @@ def rl_run(args: argparse.Namespace, arm: str, out: Path) -> tuple[object, float
         update.update(batch_size=2, group_size=4)
     if args.batch_size:
         update["batch_size"] = args.batch_size
-    model_args: dict[str, object] = {"init_from": args.warm_start, "update": update}
+    model_args: dict[str, object] = {
+        "init_from": args.warm_start, "update": update, "scoring": {"reward": args.reward},
+    }  # fmt: skip
     queries = args.eval_queries
     overlay = {
         "seed_everything": args.seed,

@@ -5,6 +5,9 @@ run two tests at once instead of one test on two threads (the suite's models are
 second thread). Every test file is one group, so a module's fixtures run once, on one worker; the files
 that start processes of their own (2-process gloo groups, Ray clusters, servers) share one group, so they
 never run beside each other and oversubscribe the cores or race for ports.
+
+A plain `pytest tests/some_file.py` (no workers) runs one torch thread too: the tests that train a few steps
+and assert that learning happened were sized at one thread, and two threads sum in another order.
 """
 
 import os
@@ -12,8 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
@@ -37,10 +39,9 @@ PROCESS_FILES = frozenset({
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
+    import torch
 
-        torch.set_num_threads(1)
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

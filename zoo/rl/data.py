@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from zoo.batch import Modality
+from zoo.datamodules.sequence import Segment, VisualSegment
 from zoo.rl.hints import HintController
 from zoo.rl.prompts import Prompt
 from zoo.rl.records import Query
@@ -190,6 +192,17 @@ class QueryDataModule(L.LightningDataModule):
     def encode_prompt(self, query: Query) -> Prompt:
         """What the policy continues: `<bos>` + prompt + the AHRL hint of the current step (if any)."""
         return [*self.base_prompt_ids(query), *self.hint_ids(query)]
+
+    def read(self, pixels: Tensor) -> Segment:
+        """An image `[3, H, W]` or a video `[3, T, H, W]` as understanding reads it (what a reading reward
+        scores, `zoo.rl.reading_reward`): here as the visual tokenizer's codes; data whose model reads
+        images through the vision encoder says so."""
+        return VisualSegment(pixels, predict=False)
+
+    def caption_ids(self, query: Query) -> list[int]:
+        """The caption a media response of `query` renders, as text ids: its answer (a reading reward
+        scores the response by how likely the model reads it back as this)."""
+        return self.encode_text(query.answer)
 
     def environment(self) -> Environment | None:
         """What takes part in the responses besides the policy (a tool: `zoo.rl.envs.tools`); None here."""

@@ -35,11 +35,13 @@ control (`UpdateConfig.permute_rewards`) applies to every task alike.
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from zoo.datamodules.chat import chat_document
 from zoo.datamodules.instructions import INSTRUCTED_TASKS, INSTRUCTIONS, user_turn
 from zoo.datamodules.media_samples import Media
 from zoo.datamodules.paired_documents import DocumentMaker
-from zoo.datamodules.sequence import AudioSegment, MediaLayout, TextSegment, VisualSegment
+from zoo.datamodules.sequence import AudioSegment, MediaLayout, Segment, TextSegment, VisualSegment
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule
 from zoo.rl.data import QueryDataModule
 from zoo.rl.prompts import Prompt, is_document
@@ -198,6 +200,10 @@ class ShapesRLDataModule(QueryDataModule):
         if not task.generates:
             return document
         return [*(i for segment in document for i in segment.ids), self.vocab.special(task.opener)]
+
+    def read(self, pixels: Tensor) -> Segment:
+        """As the pretraining data reads images and clips: through the vision encoder or as codes."""
+        return self.scenes.read(pixels)
 
     def maker(self) -> DocumentMaker:
         """Lays chat prompts out as SFT's conversations are (images read as pretraining reads them)."""

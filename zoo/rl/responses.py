@@ -21,6 +21,8 @@ text. Each kind owns, for its responses:
   then END;
 - `verifier_input`: what a verifier reads (the completion text, decoded pixels or frames, a decoded
   waveform);
+- `reading_segment` (media): the response as understanding reads it, the input of a reading reward
+  (`zoo.rl.reading_reward`): decoded pixels as the data reads images, speech as its codec codes;
 - `respond`: what validation generates with the trained model (not the engine) for such prompts.
 
 An image response is its NFSP codes as unified visual ids, coarse scale to fine; a video response is the
@@ -41,7 +43,7 @@ import torch
 from torch import Tensor
 
 from zoo.batch import PAD_DOC, GroupBatch, Modality
-from zoo.datamodules.sequence import AudioSegment, Document, TextSegment, VisualSegment
+from zoo.datamodules.sequence import AudioSegment, Document, Segment, TextSegment, VisualSegment
 from zoo.models.decode import Recording
 from zoo.models.generation import generate_text
 from zoo.models.media_generation import draw_visual, generate_text_after, speak
@@ -141,6 +143,13 @@ class ResponseKind:
 
     def verifier_input(self, model: UnifiedModel, rollout: Rollout, source: object) -> object:
         raise NotImplementedError
+
+    def reading_segment(self, model: UnifiedModel, rollout: Rollout, source: object) -> Segment | None:
+        """The response as an input segment of an understanding document (None: nothing to read)."""
+        raise ValueError(
+            f"a {self.name} response has no reading: a reading reward scores drawn media (images, videos, "
+            "speech) by how the model reads them back as their caption; text needs a verifier"
+        )
 
     def loss_modalities(self, by_id: list[int]) -> list[int]:
         """The `Modality` of each decision for the loss (per-modality IcePop bounds), given the one its id
@@ -292,6 +301,13 @@ class ImageResponse(ResponseKind):
             return torch.full((3, size, size), -1.0).numpy()
         return self.pixels(model, [self.codes(model, rollout.response_ids)])[0]
 
+    def reading_segment(self, model: UnifiedModel, rollout: Rollout, source: object) -> Segment | None:
+        """The decoded pixels as the data reads an image (or video) for understanding (`source.read`:
+        through the vision encoder or as codes); nothing drawn, nothing to read."""
+        if not rollout.response_ids:
+            return None
+        return source.read(torch.from_numpy(self.verifier_input(model, rollout, source)))
+
     def pixels(self, model: UnifiedModel, codes: list[list[Tensor]]) -> list[object]:
         """Decoded responses (each its codes per scale) as float numpy in [-1, 1], `[3, H, W]` an image."""
         device = next(model.parameters()).device
@@ -423,6 +439,11 @@ class SpeechResponse(ResponseKind):
         if not len(frames):
             return torch.zeros(0).numpy()
         return model.ncp.decode(frames[None].to(next(model.parameters()).device))[0].float().cpu().numpy()
+
+    def reading_segment(self, model: UnifiedModel, rollout: Rollout, source: object) -> Segment | None:
+        """The frames as their codec codes (understanding reads speech so); END at once: nothing to read."""
+        frames = self.frames(model, rollout.response_ids)
+        return AudioSegment(codes=frames, predict=False) if len(frames) else None
 
     def respond(
         self, model: UnifiedModel, prompts: list, decode: Callable[[list[int]], str], max_new_tokens: int,

@@ -4,7 +4,9 @@
 `on_complete`), so with `verifier_workers > 0` scoring runs while the longer rollouts still generate;
 `Scorer.rewards` collects a step's rewards (a failing verifier gives 0 and is counted; a truncated
 response per `ScoringConfig.truncated`). What a verifier reads is the response kind's
-(`zoo.rl.responses`: the completion text, decoded pixels or a decoded waveform).
+(`zoo.rl.responses`: the completion text, decoded pixels or a decoded waveform). With
+`ScoringConfig.reward = "reading"` media rollouts are rewarded instead by a frozen reader's reading of them
+(`zoo.rl.reading_reward`), and the verifiers only validate.
 
 `respond` is validation's generation: the trained model (not the engine) answers held-out prompts, each
 response kind with its own loop, with `safe_verify` scoring the answers.
@@ -22,6 +24,7 @@ import torch
 from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.rl.prompts import Prompt, PromptLayout, is_document
+from zoo.rl.reading_reward import ReadingReward
 from zoo.rl.records import Rollout
 from zoo.rl.responses import RESPONSE_KINDS, TEXT, MediaLengths, response_kind
 from zoo.rl.verifiers import VerifierPool, verifier_for
@@ -36,6 +39,10 @@ class ScoringConfig:
     """How rollouts are rewarded and held-out queries validated.
 
     Args:
+        reward: what rewards a rollout: "verifier" (the task's verifier), or "reading" (caption-to-media
+            tasks only: how likely a frozen copy of the starting policy reads the drawn image, video or
+            speech back as its caption, `zoo.rl.reading_reward`; no verifier takes part in training, the
+            held-out queries are still validated by theirs).
         truncated: a response cut by its budget: "zero_reward" scores it 0, "mask" leaves it out of the loss
             (DAPO overlong filtering), "keep" scores it as it is.
         verifier_workers: verifier worker processes (0: inline).
@@ -43,12 +50,15 @@ class ScoringConfig:
         val_max_new_tokens: generation budget (text tokens) on held-out queries.
     """
 
+    reward: Literal["verifier", "reading"] = "verifier"
     truncated: Literal["zero_reward", "mask", "keep"] = "zero_reward"
     verifier_workers: int = 0
     verifier_timeout_s: float = 10.0
     val_max_new_tokens: int = 24
 
     def __post_init__(self) -> None:
+        if self.reward not in ("verifier", "reading"):
+            raise ValueError(f"reward must be 'verifier' or 'reading', got {self.reward!r}")
         if self.truncated not in ("zero_reward", "mask", "keep"):
             raise ValueError(f"truncated must be 'zero_reward', 'mask' or 'keep', got {self.truncated!r}")
         if self.verifier_workers < 0 or self.verifier_timeout_s <= 0 or self.val_max_new_tokens < 1:
@@ -59,24 +69,35 @@ class ScoringConfig:
 
 
 class Scorer:
-    """The verifier calls of rollouts: `submit` as each finishes, `rewards` of a step's batch.
+    """The reward calls of rollouts: `submit` as each finishes, `rewards` of a step's batch.
 
     Args:
         model: the policy (response kinds decode media responses with its frozen tokenizers).
-        config: truncation policy and verifier pool settings.
+        config: the reward, truncation policy and verifier pool settings.
         pool: where verifier calls run (a `RolloutBackend.verifier_pool`, e.g. Ray actors); None: a
             `VerifierPool` of `config.verifier_workers` local workers.
+        reader: the frozen model that reads media rollouts, required by `config.reward == "reading"`.
     """
 
-    def __init__(self, model: UnifiedModel, config: ScoringConfig, pool: ScoringPool | None = None) -> None:
+    def __init__(
+        self,
+        model: UnifiedModel,
+        config: ScoringConfig,
+        pool: ScoringPool | None = None,
+        reader: UnifiedModel | None = None,
+    ) -> None:
         self.model, self.config = model, config
         if pool is None:
             pool = VerifierPool(config.verifier_workers, config.verifier_timeout_s)
         self.pool = pool
+        if (config.reward == "reading") != (reader is not None):
+            needs = "needs a reader" if reader is None else "takes no reader (reward 'reading' does)"
+            raise ValueError(f"reward {config.reward!r} {needs}")
         self.errors = 0  # failed verifier calls collected since the last `reset_errors`
         self._tickets: dict[int, int] = {}  # id(rollout) -> verifier ticket, submitted as it finished
         self._base_lengths: dict[str, int] = {}  # query id -> positions of its prompt without a hint
         self._builder = PromptLayout(model).builder
+        self.reading = ReadingReward(reader, self._builder) if reader is not None else None
 
     @property
     def in_flight(self) -> int:
@@ -87,7 +108,12 @@ class Scorer:
         """Queue the verifier call of a finished rollout (its hint length is set first: the verifier of a
         hinted caption reads the hint and the response)."""
         rollout.hint_len = len(rollout.prompt_ids) - self._base_length(rollout.query, source)
-        output = response_kind(self.model, rollout.prompt_ids).verifier_input(self.model, rollout, source)
+        kind = response_kind(self.model, rollout.prompt_ids)
+        if self.reading is not None:
+            medium = kind.reading_segment(self.model, rollout, source)
+            self._tickets[id(rollout)] = self.reading.submit(source.caption_ids(rollout.query), medium)
+            return
+        output = kind.verifier_input(self.model, rollout, source)
         self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, output)
 
     def _base_length(self, query: object, source: object) -> int:
@@ -105,7 +131,7 @@ class Scorer:
             if id(r) not in self._tickets:
                 submit(r)
         tickets = [self._tickets.pop(id(r)) for r in rollouts]
-        results = self.pool.collect(tickets)
+        results = (self.reading or self.pool).collect(tickets)
         rewards = []
         for r, ticket in zip(rollouts, tickets, strict=True):
             reward = results[ticket].reward

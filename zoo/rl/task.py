@@ -9,7 +9,9 @@ The task wires four parts and runs one training step (manual optimisation) over 
 2. the scorer (`zoo.rl.scoring.Scorer`) rewards them with the verifier pool (worker processes; a failing
    verifier gives 0 and is logged). Each rollout is submitted the moment the engine finishes it, so with
    `verifier_workers > 0` scoring runs while the longer rollouts are still generating; the step waits only
-   for what is left (`train/score_wait_s`);
+   for what is left (`train/score_wait_s`). With `scoring.reward: reading`, drawn media are rewarded by a
+   frozen copy of the starting policy reading them back as their caption (`zoo.rl.reading_reward`): no
+   verifier in training, only in validation;
 3. the update (`zoo.rl.update.PolicyUpdate`): group-normalised advantages (groups whose rewards are all
    equal carry no gradient and are counted; WPSM statistics are updated per query), l_old, then
    `ppo_epochs` optimizer steps over micro-batches of GRPO / GSPO / GSPO+MISC;
@@ -118,7 +120,8 @@ class RLTask(L.LightningModule):
         hints: the AHRL schedule (`p_init` 0 disables hints).
         update: queries and responses per step, micro-batches, PPO epochs, router replay, the controls.
         optim: the default optimizer, the gradient clip, and the parameters RL keeps frozen.
-        scoring: the truncation policy, the verifier pool, the validation budget.
+        scoring: the reward (the verifiers, or for drawn media the model's own reading), the truncation
+            policy, the verifier pool, the validation budget.
         init_from: starting weights (`zoo.init_from`): a Lightning checkpoint of pretraining or SFT, an
             exported folder or a hub id, loaded strictly (its tokenizer, if any, replaces the datamodule's).
             Read when the task is built.
@@ -167,8 +170,12 @@ class RLTask(L.LightningModule):
         self.init_tokenizer = None
         if init_from is not None:
             self.init_tokenizer = load_starting_weights(self.model, init_from).tokenizer
-        # Plain attributes (not submodules): the engine's and the reference's weights are not checkpointed.
-        reference = copy.deepcopy(model).eval().requires_grad_(False) if loss.kl_coef > 0 else None
+        # Plain attributes (not submodules): the engine's, the reference's and the reader's weights are not
+        # checkpointed. A KL term's reference and a reading reward's reader are the same frozen start.
+        wanted = loss.kl_coef > 0 or scoring.reward == "reading"
+        start = copy.deepcopy(model).eval().requires_grad_(False) if wanted else None
+        reference = start if loss.kl_coef > 0 else None
+        self.reader = start if scoring.reward == "reading" else None
         self.policy_update = PolicyUpdate(model, loss, update, rollout.temperature, reference)
         self.rollout_backend = rollout_backend if rollout_backend is not None else InProcessBackend()
         self.engine: RolloutEngine | None = None
@@ -220,6 +227,7 @@ class RLTask(L.LightningModule):
         source.ensure_tokenizer()
         if stage == "fit":
             self._check_answer_budget()
+            self._check_reading_reward()
         source.hints = self.hint_controller if self.hint_schedule.enabled else None
         if not hasattr(self, "eval_metrics"):  # setup runs again for `zoo test` after `fit`
             self._make_eval_metrics()
@@ -247,6 +255,24 @@ class RLTask(L.LightningModule):
                     stacklevel=2,
                 )
 
+    def _check_reading_reward(self, sample: int = 64) -> None:
+        """Refuse reward 'reading' on queries that ask for text (only media can be read back as their
+        caption) or of a chat model (its reading would be a conversation, not pretraining's documents)."""
+        if self.reader is None:
+            return
+        if self.model.vocab.chat:
+            raise ValueError(
+                "scoring.reward 'reading' reads media back in pretraining's documents; a chat model (role "
+                "tokens in its vocabulary) is prompted with conversations: use scoring.reward verifier"
+            )
+        source = self.source
+        for query in source.train_queries()[:sample]:
+            if response_kind(self.model, source.base_prompt(query)) is TEXT:
+                raise ValueError(
+                    f"scoring.reward 'reading' rewards drawn media by the model's reading of them; query "
+                    f"{query.id} asks for text, which only a verifier can reward (scoring.reward: verifier)"
+                )
+
     def on_fit_start(self) -> None:
         # Sample (and score) only text ids the tokenizer decodes, in the engine and the trainer alike.
         self.model.decode_text_with(self.source.tokenizer.vocab_size)
@@ -269,7 +295,9 @@ class RLTask(L.LightningModule):
             self.engine.load_rng_state(self._engine_rng)
             self._engine_rng = None
         pool = self.rollout_backend.verifier_pool(scoring.verifier_workers, scoring.verifier_timeout_s)
-        self.scorer = Scorer(self.model, scoring, pool)
+        if self.reader is not None:
+            self.reader.to(self.device).decode_text_with(self.source.tokenizer.vocab_size)
+        self.scorer = Scorer(self.model, scoring, pool, self.reader)
         self.scheduler.on_complete = self._submit_for_scoring
         if self.hint_schedule.enabled:
             self.measure_pass_init()
