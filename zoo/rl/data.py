@@ -199,11 +199,6 @@ class QueryDataModule(L.LightningDataModule):
         images through the vision encoder says so."""
         return VisualSegment(pixels, predict=False)
 
-    def caption_ids(self, query: Query) -> list[int]:
-        """The caption a media response of `query` renders, as text ids: its answer (a reading reward
-        scores the response by how likely the model reads it back as this)."""
-        return self.encode_text(query.answer)
-
     def environment(self) -> Environment | None:
         """What takes part in the responses besides the policy (a tool: `zoo.rl.envs.tools`); None here."""
         return None

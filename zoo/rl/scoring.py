@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from zoo.inference.best_of import prompt_caption
 from zoo.models.sampling import Sampler
 from zoo.models.unified import UnifiedModel
 from zoo.rl.prompts import Prompt, PromptLayout, is_document
@@ -109,9 +110,10 @@ class Scorer:
         hinted caption reads the hint and the response)."""
         rollout.hint_len = len(rollout.prompt_ids) - self._base_length(rollout.query, source)
         kind = response_kind(self.model, rollout.prompt_ids)
-        if self.reading is not None:
+        if self.reading is not None:  # what was asked for, the prompt's caption, as the medium reads back
             medium = kind.reading_segment(self.model, rollout, source)
-            self._tickets[id(rollout)] = self.reading.submit(source.caption_ids(rollout.query), medium)
+            caption = prompt_caption(rollout.prompt_ids[: len(rollout.prompt_ids) - rollout.hint_len])
+            self._tickets[id(rollout)] = self.reading.submit(caption, medium)
             return
         output = kind.verifier_input(self.model, rollout, source)
         self._tickets[id(rollout)] = self.pool.submit(verifier_for(rollout.query.task), rollout.query, output)
