@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -138,6 +139,14 @@ def shapes_demo_config(path: str) -> tuple[dict, dict]:
     data_args["vocab"] = UnifiedVocab(**data_args["vocab"])
     data_args["layout"] = MediaLayout(**data_args["layout"])
     return data_args, config["model"]["init_args"]["model"]
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (normal approximation)."""
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / max(n - 1, 1)
+    return round(mean, 4), round(1.96 * math.sqrt(var / n), 4)
 
 
 def emit(result: dict[str, object]) -> None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
+from _common import emit, log, machine_info, mean_ci  # noqa: E402
 
 from zoo.datamodules.sequence import MediaLayout, TextSegment  # noqa: E402
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
@@ -35,14 +35,6 @@ from zoo.models.sampling import Sampler  # noqa: E402
 from zoo.world.scenes import verify_caption  # noqa: E402
 
 TASKS = ("image_to_text", "audio_to_text")
-
-
-def paired(deltas: list[float]) -> tuple[float, float]:
-    """Mean of paired differences and the half-width of its normal 95% interval."""
-    n = len(deltas)
-    mean = sum(deltas) / n
-    var = sum((d - mean) ** 2 for d in deltas) / max(n - 1, 1)
-    return mean, 1.96 * math.sqrt(var / n)
 
 
 class PriorGuidedGreedy(Sampler):
@@ -111,8 +103,7 @@ def main() -> None:
                         plain[metric] = values
                     else:
                         deltas = [a - b for a, b in zip(values, plain[metric], strict=True)]
-                        mean, half = paired(deltas)
-                        result[f"{key}_delta"], result[f"{key}_delta_pm95"] = round(mean, 4), round(half, 4)
+                        result[f"{key}_delta"], result[f"{key}_delta_pm95"] = mean_ci(deltas)
                 log(
                     f"{split} {task} g={g:g}: exact {result[f'{split}/{task}/g{g:g}/exact']} "
                     f"attributes {result[f'{split}/{task}/g{g:g}/attributes']}"

@@ -35,8 +35,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
-from rl_shapes import mean_ci  # noqa: E402
+from _common import emit, log, machine_info, mean_ci  # noqa: E402
 from sft_then_rl_shapes import DEMO, EXPERT_BIAS, fit, quiet_trainer  # noqa: E402
 
 from zoo.rl.data import QueryDataModule  # noqa: E402

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
+from _common import emit, log, machine_info, mean_ci  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RL_CONFIG = REPO / "configs" / "rl" / "grpo_heldout.yaml"
@@ -270,14 +269,6 @@ def validation_accuracy(model, task: str, difficulties: tuple[int, ...], tokeniz
                 safe_verify(q, data.decode(o)) >= 1.0 for q, o in zip(batch, outs, strict=True)
             )
     return {k: round(v / len(queries), 4) for k, v in hits.items()}
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% interval (normal approximation)."""
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / max(n - 1, 1)
-    return round(mean, 4), round(1.96 * math.sqrt(var / n), 4)
 
 
 def summary(scores: dict[str, list[float]], base: dict[str, list[float]] | None) -> dict[str, object]:

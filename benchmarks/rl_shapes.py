@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
+from _common import emit, log, machine_info, mean_ci  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RL_CONFIG = REPO / "configs" / "rl" / "grpo_shapes.yaml"
@@ -142,14 +142,6 @@ def score(model, data, queries: list, samples: int) -> dict[str, list[float]]:
             draws.append([safe_verify(q, o) for q, o in zip(chunk, outputs, strict=True)])
         sampled += [sum(d[i] for d in draws) / samples for i in range(len(chunk))]
     return {"greedy": greedy, "sampled": sampled}
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% interval (normal approximation)."""
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / max(n - 1, 1)
-    return round(mean, 4), round(1.96 * math.sqrt(var / n), 4)
 
 
 def summary(scores: dict[str, list[float]], base: dict[str, list[float]] | None, picked: list[int]) -> dict:

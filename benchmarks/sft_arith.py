@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log  # noqa: E402
-from rl_heldout import heldout_prompts, mean_ci, warm_start  # noqa: E402
+from _common import emit, log, mean_ci  # noqa: E402
+from rl_heldout import heldout_prompts, warm_start  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SFT_CONFIG = REPO / "configs" / "sft" / "arithmetic.yaml"

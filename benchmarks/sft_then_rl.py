@@ -18,7 +18,7 @@ and SFT are plain loops over the library's documents and `UnifiedModel`'s loss (
 `SupervisedFineTuning`'s step computes on these documents) so that three seeds fit in about half an hour.
 The warm start of a seed is trained once and every arm of that seed starts from it.
 
-Intervals (95%): per seed, normal approximation over prompts, deltas paired per prompt (`rl_heldout.mean_ci`);
+Intervals (95%): per seed, normal approximation over prompts, deltas paired per prompt (`_common.mean_ci`);
 over seeds, the same on each prompt's mean over the seeds (prompt spread, not seed spread: the per-seed
 figures show that). Prints one JSON line.
 
@@ -43,8 +43,8 @@ import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info  # noqa: E402
-from rl_heldout import heldout_prompts, mean_ci  # noqa: E402
+from _common import emit, log, machine_info, mean_ci  # noqa: E402
+from rl_heldout import heldout_prompts  # noqa: E402
 
 from zoo.datamodules.chat import Turn, chat_document  # noqa: E402
 from zoo.datamodules.paired_documents import DocumentMaker  # noqa: E402
