@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e` works too
+from zoo.datamodules.sequence import MediaLayout  # noqa: E402
+from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
 from zoo.models.unified import UnifiedModel  # noqa: E402
 
 
@@ -125,13 +127,27 @@ def load_drawing_model(path: str) -> tuple[UnifiedModel, object]:
     return model.eval(), tokenizer
 
 
+def shapes_world_for(
+    model: UnifiedModel, tokenizer: object, max_objects: int = 2
+) -> ShapesMultimodalDataModule:
+    """The ShapesWorld datamodule that a checkpoint's model reads, set up for validation: its vocabulary,
+    layout and vision encoder, the speech tasks on where the model has an NCP head, its tokenizer."""
+    speech = float(model.ncp is not None)
+    data = ShapesMultimodalDataModule(
+        vocab=model.vocab, layout=MediaLayout.of(model), max_objects=max_objects, text_to_audio_weight=speech,
+        audio_to_text_weight=speech, image_context=model.vision_encoder is not None,
+    )  # fmt: skip
+    data.tokenizer = tokenizer
+    data.setup("validate")
+    return data
+
+
 def shapes_demo_config(path: str) -> tuple[dict, dict]:
     """A ShapesWorld unified config (`configs/demo/multimodal.yaml`) read as the benchmarks build it: the
     `ShapesMultimodalDataModule` arguments (vocabulary and layout constructed) and the model's component
     config, for `zoo.publishing.building.build_from_config`."""
     import yaml
 
-    from zoo.datamodules.sequence import MediaLayout
     from zoo.tokenizers.vocab import UnifiedVocab
 
     config = yaml.safe_load(Path(path).read_text())

@@ -25,10 +25,9 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info, mean_ci  # noqa: E402
+from _common import emit, log, machine_info, mean_ci, shapes_world_for  # noqa: E402
 
-from zoo.datamodules.sequence import MediaLayout, TextSegment  # noqa: E402
-from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
+from zoo.datamodules.sequence import TextSegment  # noqa: E402
 from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.models.generation import collect, stream_text  # noqa: E402
 from zoo.models.sampling import Sampler  # noqa: E402
@@ -68,16 +67,7 @@ def main() -> None:
     info = machine_info(args.threads)
     model, tokenizer = load_lightning_checkpoint(args.checkpoint)
     model.eval()
-    data = ShapesMultimodalDataModule(
-        vocab=model.vocab,
-        layout=MediaLayout.of(model),
-        max_objects=2,
-        text_to_audio_weight=float(model.ncp is not None),
-        audio_to_text_weight=float(model.ncp is not None),
-        image_context=model.vision_encoder is not None,
-    )
-    data.tokenizer = tokenizer
-    data.setup("validate")
+    data = shapes_world_for(model, tokenizer)
     tasks = [t for t in TASKS if t != "audio_to_text" or model.ncp is not None]
     result: dict[str, object] = {"scenes": args.scenes, "plausibility": args.plausibility, **info}
     for split in ("val", "test"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch.utils.data import DataLoader
@@ -42,8 +43,10 @@ from zoo.task_names import SHAPES_TASKS, Task
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 from zoo.world.render import render_image, render_video, to_tensor
-from zoo.world.scenes import Scene, ShapesWorld, parse_caption, stable_seed
+from zoo.world.scenes import COLOURS, Scene, ShapesWorld, parse_caption, stable_seed
 from zoo.world.speech import SAMPLE_RATE, render_speech
+
+UNDERSTANDING = (Task.IMAGE_TO_TEXT, Task.VIDEO_TO_TEXT, Task.AUDIO_TO_TEXT)
 
 
 class ShapesMultimodalDataModule(DocumentDataModule):
@@ -56,6 +59,16 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         caption_weight .. audio_to_text_weight: relative frequency of each task (0 disables it).
         uncond_prob: share of text-to-image/video documents whose caption is dropped (for guidance).
         audio_uncond_prob: the same for text-to-speech documents (0: none; guided speech needs them).
+        colour_swap_prob: in training understanding documents (image, video, speech to caption), the share
+            of objects whose colour word is fed as another colour, as context without a target, before the
+            shape, which stays a target: the shape must then be read from the medium, not from the colour
+            written before it (held-out pairs fail as a colour written with a shape seen beside it,
+            `benchmarks/colour_swap.py`). 0: off. Measured: it does not help (docs/results.md, "Colour words
+            swapped in training").
+        colour_swap_pairs: which colours a swap may feed. "trained": one whose pair with the object's shape
+            is trained, so no held-out pair is read, even as text. "any": every other colour, so held-out
+            pairs are read as text (never as images): a probe of what text that names every pair would do,
+            not a held-out evaluation any more.
         image_context: image-to-text reads the image through the vision encoder (context group)
             instead of the visual tokenizer's codes.
         video_context: video-to-text reads the clip's frames through the vision encoder (one context group
@@ -100,6 +113,8 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         image_context: bool = False,
         video_context: bool = False,
         audio_uncond_prob: float = 0.0,
+        colour_swap_prob: float = 0.0,
+        colour_swap_pairs: Literal["trained", "any"] = "trained",
         image_size: int = 32,
         video_frames: int = 5,
         world_seed: int = 0,
@@ -138,6 +153,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         if min(weights) < 0 or sum(weights) <= 0:
             named = dict(zip(map(str, SHAPES_TASKS), weights, strict=True))
             raise ValueError(f"task weights must be >= 0 with a positive sum, got {named}")
+        if not 0.0 <= colour_swap_prob <= 1.0:
+            raise ValueError(f"colour_swap_prob must lie in [0, 1], got {colour_swap_prob}")
+        if colour_swap_pairs not in ("trained", "any"):
+            raise ValueError(f"colour_swap_pairs must be 'trained' or 'any', got {colour_swap_pairs!r}")
         if not (0.0 <= uncond_prob < 1.0 and 0.0 <= audio_uncond_prob < 1.0):
             raise ValueError(
                 f"uncond_prob and audio_uncond_prob must lie in [0, 1), got {uncond_prob} and "
@@ -149,7 +168,8 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.layout = layout
         self.weights: dict[str, float] = dict(zip(SHAPES_TASKS, weights, strict=True))
         self.uncond_prob, self.image_context, self.video_context = uncond_prob, image_context, video_context
-        self.audio_uncond_prob = audio_uncond_prob
+        self.audio_uncond_prob, self.colour_swap_prob = audio_uncond_prob, colour_swap_prob
+        self.colour_swap_pairs = colour_swap_pairs
         self.image_size, self.video_frames = image_size, video_frames
         self.world = ShapesWorld(seed=world_seed, min_objects=min_objects, max_objects=max_objects)
         self.motion_world = ShapesWorld(
@@ -185,6 +205,31 @@ class ShapesMultimodalDataModule(DocumentDataModule):
     def caption_ids(self, text: str) -> list[int]:
         assert self.tokenizer is not None
         return self.vocab.text_to_unified(self.tokenizer.encode(text)).tolist()
+
+    def colour_swapped(self, scene: Scene, caption: str, rng: random.Random) -> list[TextSegment]:
+        """A training understanding document's caption and `<eos>`, as targets, but each object's colour word
+        swapped with p = `colour_swap_prob` for another (`colour_swap_pairs`), fed as context: the swapped
+        colour has no target, and the shape after it keeps its own."""
+        held = self.world.heldout_pairs if self.colour_swap_pairs == "trained" else frozenset()
+        objects = iter(scene.objects)  # the caption names them in order, one colour word each
+        chunks: list[tuple[list[str], bool]] = [([], True)]
+        for word in caption.split():
+            if word in COLOURS:
+                shape = next(objects).shape
+                if rng.random() < self.colour_swap_prob:
+                    allowed = [c for c in COLOURS if c != word and (c, shape) not in held]
+                    chunks += [([rng.choice(allowed)], False), ([], True)]
+                    continue
+            chunks[-1][0].append(word)
+        segments = []
+        for k, (chunk, predict) in enumerate(chunks):
+            text = " ".join(chunk) if k == 0 else " " + " ".join(chunk)  # byte-level BPE keeps the space
+            ids = self.caption_ids(text) if chunk else []
+            if k == len(chunks) - 1:
+                ids.append(self.vocab.eos_id)
+            if ids:
+                segments.append(TextSegment(ids, predict))
+        return segments
 
     def image(self, scene: Scene) -> torch.Tensor:
         return to_tensor(render_image(scene, self.image_size))
@@ -222,16 +267,19 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             if split == "train" and rng.random() < self.uncond_prob:
                 return [bos, media, eos]
             return [TextSegment([vocab.bos_id, *caption], predict=False), media, eos]
+        target = [TextSegment([*caption, vocab.eos_id])]
+        if split == "train" and self.colour_swap_prob > 0 and task in UNDERSTANDING:
+            target = self.colour_swapped(scene, world.caption(scene), rng)
         if task in (Task.IMAGE_TO_TEXT, Task.VIDEO_TO_TEXT):
             media = self.read(self.video(scene) if video else self.image(scene))
-            return [bos, media, TextSegment([*caption, vocab.eos_id])]
+            return [bos, media, *target]
         spoken = self.speech(world.caption(scene), split, index, epoch)
         if task == Task.TEXT_TO_AUDIO:
             if split == "train" and rng.random() < self.audio_uncond_prob:
                 return [bos, AudioSegment(spoken), eos]
             return [TextSegment([vocab.bos_id, *caption], predict=False), AudioSegment(spoken), eos]
         if task == Task.AUDIO_TO_TEXT:
-            return [bos, AudioSegment(spoken, predict=False), TextSegment([*caption, vocab.eos_id])]
+            return [bos, AudioSegment(spoken, predict=False), *target]
         raise ValueError(f"unknown task {task!r}; known: {', '.join(SHAPES_TASKS)}")
 
     def score_text(self, text: str) -> dict[str, float]:
