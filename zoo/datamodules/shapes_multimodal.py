@@ -39,14 +39,12 @@ from zoo.datamodules.sequence import (
     TextSegment,
     VisualSegment,
 )
-from zoo.task_names import SHAPES_TASKS, Task
+from zoo.task_names import SHAPES_TASKS, UNDERSTANDING, Task
 from zoo.tokenizers.text import TextTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
 from zoo.world.render import render_image, render_video, to_tensor
 from zoo.world.scenes import COLOURS, Scene, ShapesWorld, parse_caption, stable_seed
 from zoo.world.speech import SAMPLE_RATE, render_speech
-
-UNDERSTANDING = (Task.IMAGE_TO_TEXT, Task.VIDEO_TO_TEXT, Task.AUDIO_TO_TEXT)
 
 
 class ShapesMultimodalDataModule(DocumentDataModule):
