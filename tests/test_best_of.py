@@ -2,10 +2,14 @@
 
 The models here are untrained, so their rankings mean nothing; what is checked is that the score is the
 log-prob training optimises, that no row sees another, that the kept candidate is the best-scored one, and
-that the gallery, `evaluate` and `zoo predict`'s settings carry the option with one sample's scores beside."""
+that the gallery, `evaluate` and `zoo predict`'s settings carry the option with one sample's scores beside.
+The other way round, `benchmarks/caption_channel.py` ranks captions by the image codes they draw back: its
+score is checked the same way, and its pool of one-attribute edits."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from zoo.tasks.pretrain import SamplingConfig
 from zoo.tokenizers.audio import AudioCodec
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
+from zoo.world.scenes import COLOURS, SHAPES, parse_caption
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +157,41 @@ def test_zoo_predict_takes_best_of_from_yaml_and_refuses_zero(tmp_path, monkeypa
         ZooCLI(args=[*args, "--model.init_args.sampling.audio_best_of=0"], run=False)
     said = str(refused.value) + "".join(capfd.readouterr())
     assert "audio_best_of must be >= 1" in said  # the reason, not some other parse error
+
+
+def _caption_channel():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # where it finds _common
+    return importlib.import_module("caption_channel")
+
+
+def test_a_drawing_score_is_the_log_prob_of_the_image_codes_that_training_averages(tiny):
+    model, data = tiny
+    scenes = data.world.scenes("val", 3)
+    vocab = data.vocab
+    documents = [
+        [TextSegment([vocab.bos_id, *data.caption_ids(data.world.caption(s))], predict=False),
+         VisualSegment(data.image(s)), TextSegment([vocab.eos_id])]
+        for s in scenes
+    ]  # fmt: skip
+    scores = _caption_channel().score_drawings(model, data.builder, documents)
+    with torch.no_grad():
+        out = model(data.builder.collate_prompts(documents))
+    codes = 3 * model.nfsp.tokens_per_frame  # every code of every image, the opener's none
+    assert int(out.heads["visual"].metrics["visual/tokens"]) == codes
+    torch.testing.assert_close(-scores.sum() / codes, out.heads["visual"].metrics["visual/nfsp_loss"])
+    alone = torch.cat([_caption_channel().score_drawings(model, data.builder, [d]) for d in documents])
+    torch.testing.assert_close(scores, alone, atol=1e-4, rtol=1e-5)  # padding and other rows change nothing
+
+
+def test_the_caption_pool_holds_every_caption_one_colour_or_one_shape_away():
+    text = "a small red circle at the top left and a large blue square in the center"
+    edited = _caption_channel().edits(text)
+    assert len(edited) == 2 * ((len(COLOURS) - 1) + (len(SHAPES) - 1)) == len(set(edited))
+    original = parse_caption(text)
+    for other in edited:
+        changed = [
+            (field, j) for j, (a, b) in enumerate(zip(original, parse_caption(other), strict=True))
+            for field in ("colour", "shape", "size", "cell_index") if getattr(a, field) != getattr(b, field)
+        ]  # fmt: skip
+        assert len(changed) == 1 and changed[0][0] in ("colour", "shape"), (other, changed)
+    assert _caption_channel().edits("a small red") == []  # nothing the grammar reads, nothing to edit
