@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -29,7 +30,9 @@ from zoo.models.refinement import decode_visual  # noqa: E402
 from zoo.task_names import Task  # noqa: E402
 from zoo.tasks.multimodal_eval import random_codes  # noqa: E402
 from zoo.world.render import read_image_objects  # noqa: E402
-from zoo.world.scenes import Scene  # noqa: E402
+from zoo.world.scenes import Scene, ShapeObject  # noqa: E402
+
+ATTRIBUTES = ("colour", "shape", "size")
 
 # (guidance, temperature, top-k): the gallery's setting first, then each lever moved alone.
 SETTINGS = [[2.0, 0.5, 8], [0.0, 0.5, 8], [3.0, 0.5, 8], [4.0, 0.5, 8], [2.0, 0.25, 8], [2.0, 1.0, 8],
@@ -39,24 +42,35 @@ SETTINGS = [[2.0, 0.5, 8], [0.0, 0.5, 8], [3.0, 0.5, 8], [4.0, 0.5, 8], [2.0, 0.
 def errors(images: torch.Tensor, scenes: list[Scene]) -> dict[str, float]:
     """Share of true objects drawn in their cell and, of those, with the right colour / shape / size; exact
     per number of objects."""
+    return object_errors([read_image_objects(image) for image in images], scenes)
+
+
+def object_errors(
+    predicted: list[Sequence[ShapeObject] | None], scenes: list[Scene],
+    counted: Callable[[ShapeObject], bool] = lambda obj: True,
+) -> dict[str, float]:  # fmt: skip
+    """Share of the true objects `counted` keeps that are predicted in their cell (`predicted[i]`: the
+    objects read from scene i's image or caption, None when unreadable) and, of those, with the right colour
+    / shape / size; exact per number of objects (over whole scenes, whatever `counted` keeps)."""
     counts: Counter = Counter()
-    for image, scene in zip(images, scenes, strict=True):
-        drawn = {(o.row, o.col): o for o in read_image_objects(image) or ()}
+    for objects, scene in zip(predicted, scenes, strict=True):
+        drawn = {(o.row, o.col): o for o in objects or ()}
         n = len(scene.objects)
         exact = len(drawn) == n
         for truth in scene.objects:
-            counts["objects"] += 1
             found = drawn.get((truth.row, truth.col))
-            counts["cell"] += found is not None
-            for attribute in ("colour", "shape", "size"):
-                right = found is not None and getattr(found, attribute) == getattr(truth, attribute)
-                counts[attribute] += right
-                exact &= right
+            rights = [found is not None and getattr(found, a) == getattr(truth, a) for a in ATTRIBUTES]
+            exact &= all(rights)
+            if counted(truth):
+                counts["objects"] += 1
+                counts["cell"] += found is not None
+                counts.update(a for a, right in zip(ATTRIBUTES, rights, strict=True) if right)
         counts[f"scenes_objects_{n}"] += 1
         counts[f"exact_objects_{n}"] += exact
         counts["exact"] += exact
-    out = {"exact": counts["exact"] / len(scenes), "cell": counts["cell"] / counts["objects"]}
-    out |= {a: counts[a] / max(counts["cell"], 1) for a in ("colour", "shape", "size")}  # of objects found
+    out = {"exact": counts["exact"] / len(scenes), "objects": counts["objects"]}
+    out["cell"] = counts["cell"] / max(counts["objects"], 1)
+    out |= {a: counts[a] / max(counts["cell"], 1) for a in ATTRIBUTES}  # of objects found
     for key in sorted(k for k in counts if k.startswith("scenes_objects_")):
         n = key.rsplit("_", 1)[1]
         out[f"exact_objects_{n}"] = counts[f"exact_objects_{n}"] / counts[key]
