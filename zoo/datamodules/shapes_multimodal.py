@@ -72,8 +72,8 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             "all": every pair, as a text corpus names them: the test split is then held out of every
             medium (no image, clip or utterance of its pairs is seen, nor a caption beside one) but its
             pairs are named in text, which asks whether what text says transfers to reading images.
-            Measured: held-out image and speech captions come within 0.1 of val, val's falling a little
-            (docs/results.md, "Text that names every pair").
+            Measured on three seeds: held-out image and speech captions come within 0.05 of val, val's image
+            attributes falling from 0.84 to 0.77 (docs/results.md, "Text that names every pair").
         image_context: image-to-text reads the image through the vision encoder (context group)
             instead of the visual tokenizer's codes.
         video_context: video-to-text reads the clip's frames through the vision encoder (one context group
