@@ -142,6 +142,22 @@ def shapes_world_for(
     return data
 
 
+def load_shapes_checkpoint(
+    path: str, drawing: bool = False
+) -> tuple[UnifiedModel, ShapesMultimodalDataModule]:
+    """A `UnifiedPretraining` checkpoint's model (eval mode) and the ShapesWorld datamodule it reads
+    (`shapes_world_for`); with `drawing`, a model with no visual tokenizer is refused
+    (`load_drawing_model`)."""
+    from zoo.hub import load_lightning_checkpoint
+
+    if drawing:
+        model, tokenizer = load_drawing_model(path)
+    else:
+        model, tokenizer = load_lightning_checkpoint(path)
+        model.eval()
+    return model, shapes_world_for(model, tokenizer)
+
+
 def shapes_demo_config(path: str) -> tuple[dict, dict]:
     """A ShapesWorld unified config (`configs/demo/multimodal.yaml`) read as the benchmarks build it: the
     `ShapesMultimodalDataModule` arguments (vocabulary and layout constructed) and the model's component

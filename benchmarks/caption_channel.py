@@ -37,11 +37,10 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info, mean_ci, shapes_world_for  # noqa: E402
+from _common import emit, load_shapes_checkpoint, log, machine_info, mean_ci  # noqa: E402
 
 from zoo.datamodules.sequence import Document, SequenceBuilder, TextSegment, VisualSegment  # noqa: E402
 from zoo.datamodules.shapes_multimodal import ShapesMultimodalDataModule  # noqa: E402
-from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.inference.best_of import score_documents  # noqa: E402
 from zoo.models.media_generation import generate_text_after  # noqa: E402
 from zoo.models.unified import UnifiedModel  # noqa: E402
@@ -159,11 +158,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     info = machine_info(args.threads)
-    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
-    model.eval()
-    if model.nfsp is None:
-        raise SystemExit(f"{args.checkpoint}: the model has no visual tokenizer, so it draws no caption back")
-    data = shapes_world_for(model, tokenizer)
+    model, data = load_shapes_checkpoint(args.checkpoint, drawing=True)  # it scores what captions draw
     eos = model.vocab.eos_id
     generator = torch.Generator().manual_seed(args.seed)  # one stream for both splits
     result: dict[str, object] = {"scenes": args.scenes, "samples": args.samples, "pool": args.pool, **info}

@@ -20,10 +20,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info, shapes_world_for  # noqa: E402
+from _common import emit, load_shapes_checkpoint, log, machine_info  # noqa: E402
 from generation_errors import object_errors  # noqa: E402
 
-from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.models.media_generation import generate_text_after  # noqa: E402
 from zoo.world.scenes import parse_caption  # noqa: E402
 
@@ -41,9 +40,7 @@ def main() -> None:
     result: dict[str, object] = {"checkpoints": args.checkpoints, "scenes": args.scenes}
     result |= machine_info(args.threads)
     for c, checkpoint in enumerate(args.checkpoints):
-        model, tokenizer = load_lightning_checkpoint(checkpoint)
-        model.eval()
-        data = shapes_world_for(model, tokenizer)
+        model, data = load_shapes_checkpoint(checkpoint)
         held = data.world.heldout_pairs
         groups = {
             "all": lambda obj: True,

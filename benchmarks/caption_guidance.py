@@ -25,10 +25,9 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info, mean_ci, shapes_world_for  # noqa: E402
+from _common import emit, load_shapes_checkpoint, log, machine_info, mean_ci  # noqa: E402
 
 from zoo.datamodules.sequence import TextSegment  # noqa: E402
-from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.models.generation import collect, stream_text  # noqa: E402
 from zoo.models.sampling import Sampler  # noqa: E402
 from zoo.world.scenes import verify_caption  # noqa: E402
@@ -65,9 +64,7 @@ def main() -> None:
     if 0.0 not in args.scales:
         parser.error("--scales must include 0 (the plain decode every delta is paired against)")
     info = machine_info(args.threads)
-    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
-    model.eval()
-    data = shapes_world_for(model, tokenizer)
+    model, data = load_shapes_checkpoint(args.checkpoint)
     tasks = [t for t in TASKS if t != "audio_to_text" or model.ncp is not None]
     result: dict[str, object] = {"scenes": args.scenes, "plausibility": args.plausibility, **info}
     for split in ("val", "test"):

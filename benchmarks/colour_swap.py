@@ -25,10 +25,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine_info, shapes_world_for  # noqa: E402
+from _common import emit, load_shapes_checkpoint, log, machine_info  # noqa: E402
 
 from zoo.datamodules.sequence import TextSegment  # noqa: E402
-from zoo.hub import load_lightning_checkpoint  # noqa: E402
 from zoo.inference.best_of import score_documents  # noqa: E402
 from zoo.world.scenes import COLOURS, SHAPES, Scene, caption  # noqa: E402
 
@@ -57,9 +56,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     info = machine_info(args.threads)
-    model, tokenizer = load_lightning_checkpoint(args.checkpoint)
-    model.eval()
-    data = shapes_world_for(model, tokenizer)
+    model, data = load_shapes_checkpoint(args.checkpoint)
     shape_ids = {shape: data.caption_ids(f" {shape}") for shape in SHAPES}  # several byte-pair ids each
     heldout = data.world.heldout_pairs
     tasks = [t for t in TASKS if t != "audio_to_text" or model.ncp is not None]
