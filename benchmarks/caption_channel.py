@@ -47,9 +47,10 @@ from zoo.models.unified import UnifiedModel  # noqa: E402
 from zoo.world.scenes import COLOURS, SHAPES, Scene, caption, parse_caption, verify_caption  # noqa: E402
 
 
-def edits(text: str) -> list[str]:
-    """Every caption one colour or one shape away from `text` (none if the grammar cannot read it): the
-    pool in which a caption whose shape the written colour vetoed has its right neighbour."""
+def edits(text: str, order: str = "attributes_first") -> list[str]:
+    """Every caption one colour or one shape away from `text` (none if the grammar cannot read it), in
+    caption order `order`: the pool in which a caption whose shape the written colour vetoed has its right
+    neighbour."""
     objects = parse_caption(text)
     if objects is None:
         return []
@@ -59,7 +60,7 @@ def edits(text: str) -> list[str]:
             for value in values:
                 if value != getattr(obj, field):
                     edited = (*objects[:j], replace(obj, **{field: value}), *objects[j + 1 :])
-                    out.append(caption(Scene(edited, 0, "val")))
+                    out.append(caption(Scene(edited, 0, "val"), order=order))
     return out
 
 
@@ -99,7 +100,8 @@ def caption_pools(
         log(f"{split}: sampled {s + 1}/{args.samples} captions a scene")
     if args.pool == "edits":
         for pool, ids in zip(pools, greedy, strict=True):
-            pool.update(tuple(data.caption_ids(text)) for text in edits(data.decode([*ids, eos])))
+            neighbours = edits(data.decode([*ids, eos]), data.world.caption_order)
+            pool.update(tuple(data.caption_ids(text)) for text in neighbours)
     return greedy, pools
 
 

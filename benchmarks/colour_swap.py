@@ -34,10 +34,12 @@ from zoo.world.scenes import COLOURS, SHAPES, Scene, caption  # noqa: E402
 TASKS = ("image_to_text", "audio_to_text")
 
 
-def object_prefixes(scene: Scene, colour: str | None = None) -> list[tuple[str, str]]:
+def object_prefixes(
+    scene: Scene, colour: str | None = None, order: str = "attributes_first"
+) -> list[tuple[str, str]]:
     """(caption words up to and including object j's colour, object j's shape) for each object j; with
-    `colour`, that colour is written instead of object j's own."""
-    words = caption(scene).split()
+    `colour`, that colour is written instead of object j's own; `order` is the world's caption order."""
+    words = caption(scene, order=order).split()
     out, start = [], 0
     for obj in scene.objects:
         start = words.index("a", start)  # each object's phrase opens with "a": a size, colour, shape
@@ -68,11 +70,12 @@ def main() -> None:
             rows: list[tuple[list, str, str | None, bool]] = []
             for i, scene in enumerate(scenes):
                 medium = data.understanding_prompt(task, scene, i, split)
+                order = data.world.caption_order
                 for j, obj in enumerate(scene.objects):
                     pair_held = (obj.colour, obj.shape) in heldout
                     for colour in (None, *[c for c in COLOURS if c != obj.colour]):
                         prefix = TextSegment(
-                            data.caption_ids(object_prefixes(scene, colour)[j][0]), predict=False
+                            data.caption_ids(object_prefixes(scene, colour, order)[j][0]), predict=False
                         )
                         documents = [[*medium, prefix, TextSegment(shape_ids[s])] for s in SHAPES]
                         rows.append((documents, obj.shape, colour, pair_held))

@@ -222,6 +222,39 @@ def test_caption_parses_back_to_the_scene_objects(split, include_motion):
         assert parse_caption(world.caption(scene)) == scene.objects
 
 
+def test_place_first_names_each_place_before_the_same_attributes():
+    scene = make_scene(
+        obj("blue", "square", "large", "center"), obj("red", "circle", "small", "top left", "moving up")
+    )
+    assert caption(scene, order="place_first") == (
+        "at the top left a small red circle and in the center a large blue square"
+    )
+    assert caption(scene, include_motion=True, order="place_first") == (
+        "at the top left a small red circle moving up and in the center a large blue square"
+    )
+    assert sorted(caption(scene, order="place_first").split()) == sorted(caption(scene).split())
+
+
+@pytest.mark.parametrize("include_motion", [False, True])
+def test_a_place_first_world_has_the_same_scenes_and_its_captions_parse_back(include_motion):
+    first = ShapesWorld(seed=0, max_objects=9, include_motion=include_motion, caption_order="place_first")
+    default = ShapesWorld(seed=0, max_objects=9, include_motion=include_motion)
+    for split in ("train", "test"):
+        for a, b in zip(first.scenes(split, 300), default.scenes(split, 300), strict=True):
+            assert a == b
+            assert first.caption(a) != default.caption(a)
+            assert parse_caption(first.caption(a)) == a.objects
+            assert first.verify(first.caption(a), a).exact and first.verify(default.caption(a), a).exact
+
+
+def test_parser_reads_both_orders_in_one_caption():
+    text = "at the top left a small red circle moving down and a large blue square in the center"
+    assert parse_caption(text) == (
+        obj("red", "circle", "small", "top left", "moving down"),
+        obj("blue", "square", "large", "center"),
+    )
+
+
 def test_parser_ignores_case_and_whitespace():
     text = "  A Small RED circle at the TOP left\n and   a large blue square in the center \t"
     assert parse_caption(text) == (
@@ -269,6 +302,12 @@ def test_parser_defaults_motion_to_still():
         "a small red hexagon at the top",
         "a medium red circle at the top",
         "the small red circle at the top",
+        "at the top",
+        "at the top a small red",
+        "at the top a small red circle at the left",
+        "at the top left at the top a small red circle",
+        "in the center a small red circle and",
+        "moving up at the top a small red circle",
     ],
 )
 def test_garbage_and_partial_captions_parse_to_none(text):
@@ -390,6 +429,7 @@ def test_description_shows_the_world_is_too_large_to_memorise():
         ({"min_objects": 3, "max_objects": 2}, "must not exceed"),
         ({"heldout_fraction": 0.9}, "heldout_fraction must be"),
         ({"seed": -1}, "seed must be"),
+        ({"caption_order": "shape_first"}, "caption_order must be one of"),
     ],
 )
 def test_bad_world_arguments_are_rejected_with_a_clear_message(kwargs, message):

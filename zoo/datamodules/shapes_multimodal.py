@@ -74,6 +74,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             pairs are named in text, which asks whether what text says transfers to reading images.
             Measured on three seeds: held-out image and speech captions come within 0.05 of val, val's image
             attributes falling from 0.84 to 0.77 (docs/results.md, "Text that names every pair").
+        caption_order: where every caption names an object's place (`zoo.world.scenes.CAPTION_ORDERS`):
+            after its attributes ("a small red circle at the top left", the default) or before them ("at the
+            top left a small red circle"), which has the model choose the place it reads next before
+            writing what it sees there (docs/results.md, "Place before attributes").
         image_context: image-to-text reads the image through the vision encoder (context group)
             instead of the visual tokenizer's codes.
         video_context: video-to-text reads the clip's frames through the vision encoder (one context group
@@ -121,6 +125,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         colour_swap_prob: float = 0.0,
         colour_swap_pairs: Literal["trained", "any"] = "trained",
         caption_pairs: Literal["trained", "all"] = "trained",
+        caption_order: Literal["attributes_first", "place_first"] = "attributes_first",
         image_size: int = 32,
         video_frames: int = 5,
         world_seed: int = 0,
@@ -179,13 +184,12 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.audio_uncond_prob, self.colour_swap_prob = audio_uncond_prob, colour_swap_prob
         self.colour_swap_pairs = colour_swap_pairs
         self.image_size, self.video_frames = image_size, video_frames
-        self.world = ShapesWorld(seed=world_seed, min_objects=min_objects, max_objects=max_objects)
-        self.motion_world = ShapesWorld(
-            seed=world_seed, min_objects=min_objects, max_objects=max_objects, include_motion=True
-        )
+        world_args = {"seed": world_seed, "min_objects": min_objects, "max_objects": max_objects}
+        self.world = ShapesWorld(**world_args, caption_order=caption_order)
+        self.motion_world = ShapesWorld(**world_args, include_motion=True, caption_order=caption_order)
         # The captions task's training scenes: this world's, or a world that holds no pair out.
         self.caption_world = self.world if caption_pairs == "trained" else ShapesWorld(
-            seed=world_seed, min_objects=min_objects, max_objects=max_objects, heldout_fraction=0.0
+            **world_args, heldout_fraction=0.0, caption_order=caption_order
         )  # fmt: skip
         self.train_size, self.val_size = train_size, val_size
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size

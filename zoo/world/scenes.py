@@ -13,7 +13,8 @@ every "test" scene contains at least one of them, so test accuracy measures comp
 Caption grammar (closed vocabulary, see `caption_vocabulary`):
 
     caption  := object ("and" object)*
-    object   := "a" SIZE COLOUR SHAPE location [motion]
+    object   := "a" SIZE COLOUR SHAPE location [motion]      (attributes first, the default order)
+              | location "a" SIZE COLOUR SHAPE [motion]      (place first: `ShapesWorld(caption_order=...)`)
     location := "in the center" | "at the" CELL        (CELL any other phrase of CELLS)
     motion   := "moving left" | "moving right" | "moving up" | "moving down"   ("still" is left unsaid)
 """
@@ -40,6 +41,9 @@ CELLS: tuple[str, ...] = (
 MOTIONS: tuple[str, ...] = ("still", "moving left", "moving right", "moving up", "moving down")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 ALL_PAIRS: tuple[tuple[str, str], ...] = tuple((c, s) for c in COLOURS for s in SHAPES)
+# Where an object's phrase puts its place: after its attributes ("a small red circle at the top left") or
+# before them ("at the top left a small red circle"). The parser reads both.
+CAPTION_ORDERS: tuple[str, ...] = ("attributes_first", "place_first")
 MAX_OBJECTS = GRID_SIZE * GRID_SIZE
 
 
@@ -158,17 +162,20 @@ def _location_words(cell: str) -> tuple[str, ...]:
     return ("in", "the", "center") if cell == "center" else ("at", "the", *cell.split())
 
 
-def caption(scene: Scene, include_motion: bool = False) -> str:
+def caption(scene: Scene, include_motion: bool = False, order: str = "attributes_first") -> str:
     """The caption of a scene.
 
     For example "a small red circle at the top left and a large blue square in the center". It is a
     function of the scene: objects are listed in reading order of their cells. With `include_motion` a
     moving object's phrase ends with its motion ("... at the left moving up"); still objects say nothing
-    about motion either way.
+    about motion either way. `order="place_first"` names each object's place before its attributes ("at
+    the top left a small red circle and in the center a large blue square"), the same words.
     """
+    _check_choice("order", order, CAPTION_ORDERS)
     phrases = []
     for o in scene.objects:
-        words = ["a", o.size, o.colour, o.shape, *_location_words(o.cell)]
+        attributes, place = ["a", o.size, o.colour, o.shape], list(_location_words(o.cell))
+        words = place + attributes if order == "place_first" else attributes + place
         if include_motion and o.motion != "still":
             words += o.motion.split()
         phrases.append(" ".join(words))
@@ -194,18 +201,35 @@ def _match(words: list[str], pos: int, phrase: tuple[str, ...]) -> bool:
     return tuple(words[pos : pos + len(phrase)]) == phrase
 
 
-def _parse_object(words: list[str], pos: int) -> tuple[ShapeObject, int] | None:
+def _parse_attributes(words: list[str], pos: int) -> tuple[tuple[str, str, str], int] | None:
     if len(words) < pos + 4 or words[pos] != "a":
         return None
     size, colour, shape = words[pos + 1 : pos + 4]
     if size not in SIZES or colour not in COLOURS or shape not in SHAPES:
         return None
-    pos += 4
+    return (size, colour, shape), pos + 4
+
+
+def _parse_location(words: list[str], pos: int) -> tuple[int, int] | None:
     location = next(((p, i) for p, i in _LOCATIONS if _match(words, pos, p)), None)
     if location is None:
         return None
     phrase, cell_index = location
-    pos += len(phrase)
+    return cell_index, pos + len(phrase)
+
+
+def _parse_object(words: list[str], pos: int) -> tuple[ShapeObject, int] | None:
+    # An object starts with its attributes ("a ...") or with its place (CAPTION_ORDERS).
+    if pos < len(words) and words[pos] == "a":
+        attributes = _parse_attributes(words, pos)
+        location = attributes and _parse_location(words, attributes[1])
+    else:
+        location = _parse_location(words, pos)
+        attributes = location and _parse_attributes(words, location[1])
+    if not attributes or not location:
+        return None
+    (size, colour, shape), cell_index = attributes[0], location[0]
+    pos = max(attributes[1], location[1])
     motion = "still"
     for phrase, name in _MOTION_PHRASES:
         if _match(words, pos, phrase):
@@ -346,6 +370,9 @@ class ShapesWorld:
             any positive fraction holds out at least one pair. 0 leaves the "test" split empty.
         include_motion: draw a motion per object and caption it (video); otherwise all objects are
             still. The other attributes of a scene are the same either way.
+        caption_order: where `caption` names each object's place (CAPTION_ORDERS): "attributes_first"
+            ("a small red circle at the top left") or "place_first" ("at the top left a small red
+            circle"). Scenes do not depend on it.
     """
 
     def __init__(
@@ -355,7 +382,10 @@ class ShapesWorld:
         max_objects: int = 3,
         heldout_fraction: float = 0.15,
         include_motion: bool = False,
+        caption_order: str = "attributes_first",
     ) -> None:
+        _check_choice("caption_order", caption_order, CAPTION_ORDERS)
+        self.caption_order = caption_order
         self.seed = _check_int("seed", seed, 0)
         self.min_objects = _check_int("min_objects", min_objects, 1, MAX_OBJECTS)
         self.max_objects = _check_int("max_objects", max_objects, 1, MAX_OBJECTS)
@@ -411,8 +441,8 @@ class ShapesWorld:
         return [self.scene(i, split) for i in range(start, start + n)]
 
     def caption(self, scene: Scene) -> str:
-        """`caption(scene)`, naming motion when this world has it."""
-        return caption(scene, include_motion=self.include_motion)
+        """`caption(scene)` in this world's order, naming motion when this world has it."""
+        return caption(scene, include_motion=self.include_motion, order=self.caption_order)
 
     def verify(self, text: str, scene: Scene) -> CaptionScore:
         """`verify_caption(text, scene)`, counting motion when this world has it."""
@@ -450,5 +480,6 @@ class ShapesWorld:
     def __repr__(self) -> str:
         return (
             f"ShapesWorld(seed={self.seed}, min_objects={self.min_objects}, max_objects={self.max_objects}, "
-            f"heldout_fraction={self.heldout_fraction}, include_motion={self.include_motion})"
+            f"heldout_fraction={self.heldout_fraction}, include_motion={self.include_motion}, "
+            f"caption_order={self.caption_order!r})"
         )
