@@ -128,14 +128,16 @@ def load_drawing_model(path: str) -> tuple[UnifiedModel, object]:
 
 
 def shapes_world_for(
-    model: UnifiedModel, tokenizer: object, max_objects: int = 2
+    model: UnifiedModel, tokenizer: object, max_objects: int = 2, caption_order: str = "attributes_first"
 ) -> ShapesMultimodalDataModule:
     """The ShapesWorld datamodule that a checkpoint's model reads, set up for validation: its vocabulary,
-    layout and vision encoder, the speech tasks on where the model has an NCP head, its tokenizer."""
+    layout and vision encoder, the speech tasks on where the model has an NCP head, its tokenizer and the
+    order its captions were trained in."""
     speech = float(model.ncp is not None)
     data = ShapesMultimodalDataModule(
         vocab=model.vocab, layout=MediaLayout.of(model), max_objects=max_objects, text_to_audio_weight=speech,
         audio_to_text_weight=speech, image_context=model.vision_encoder is not None,
+        caption_order=caption_order,
     )  # fmt: skip
     data.tokenizer = tokenizer
     data.setup("validate")
@@ -146,16 +148,19 @@ def load_shapes_checkpoint(
     path: str, drawing: bool = False
 ) -> tuple[UnifiedModel, ShapesMultimodalDataModule]:
     """A `UnifiedPretraining` checkpoint's model (eval mode) and the ShapesWorld datamodule it reads
-    (`shapes_world_for`); with `drawing`, a model with no visual tokenizer is refused
-    (`load_drawing_model`)."""
+    (`shapes_world_for`, in the caption order its datamodule stored); with `drawing`, a model with no visual
+    tokenizer is refused (`load_drawing_model`)."""
     from zoo.hub import load_lightning_checkpoint
+    from zoo.hub.checkpoints import open_checkpoint
 
     if drawing:
         model, tokenizer = load_drawing_model(path)
     else:
         model, tokenizer = load_lightning_checkpoint(path)
         model.eval()
-    return model, shapes_world_for(model, tokenizer)
+    stored = open_checkpoint(Path(path)).get(ShapesMultimodalDataModule.__name__, {})
+    order = stored.get("caption_order", "attributes_first")  # older checkpoints: the only order
+    return model, shapes_world_for(model, tokenizer, caption_order=order)
 
 
 def shapes_demo_config(path: str) -> tuple[dict, dict]:

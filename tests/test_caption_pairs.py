@@ -1,7 +1,6 @@
-"""ShapesMultimodalDataModule's caption settings. `caption_pairs`: the training documents of the captions task
-(text only) may name every colour-shape pair, held-out ones too, while no medium of a held-out pair and no
-caption beside a medium is ever trained on, and validation and test documents stay what they were.
-`caption_order`: every task's captions name places first, about the same scenes."""
+"""ShapesMultimodalDataModule's `caption_pairs`: the training documents of the captions task (text only) may
+name every colour-shape pair, held-out ones too, while no medium of a held-out pair and no caption beside a
+medium is ever trained on, and validation and test documents stay what they were."""
 
 from __future__ import annotations
 
@@ -63,19 +62,3 @@ def test_evaluation_documents_do_not_change(both, split):
 def test_an_unknown_setting_is_refused():
     with pytest.raises(ValueError, match="caption_pairs"):
         ShapesMultimodalDataModule(vocab=VOCAB, caption_pairs="some")
-
-
-def test_place_first_writes_every_task_s_captions_in_that_order_about_the_same_scenes():
-    data = ShapesMultimodalDataModule(vocab=VOCAB, caption_order="place_first", **TASKS)
-    data.tokenizer = data.make_tokenizer()
-    default = datamodule("trained")
-    for task in (Task.CAPTION, Task.TEXT_TO_IMAGE, Task.IMAGE_TO_TEXT, Task.AUDIO_TO_TEXT):
-        for index in range(20):
-            texts = [
-                " ".join(d.decode(s.ids) for s in d.task_document(task, "val", index) if hasattr(s, "ids"))
-                for d in (data, default)
-            ]
-            if not texts[0].strip():
-                continue  # a caption-less document (guidance's unconditional share)
-            assert texts[0].split()[0] in ("at", "in") and texts[1].split()[0] == "a", texts
-            assert parse_caption(texts[0]) == parse_caption(texts[1]) is not None

@@ -195,6 +195,20 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.tokenizer_path, self.tokenizer_size = tokenizer, tokenizer_size
         self._captions: dict[str, list[str]] = {}
 
+    # -- checkpoint state: the tokenizer, and the order its captions were written in ------------------
+    def state_dict(self) -> dict[str, str]:
+        # Stored so that a benchmark prompting a checkpoint writes captions as it was trained on them.
+        return {**super().state_dict(), "caption_order": self.world.caption_order}
+
+    def load_state_dict(self, state_dict: dict[str, str]) -> None:
+        trained = state_dict.get("caption_order", "attributes_first")  # older checkpoints: the only order
+        if trained != self.world.caption_order:
+            raise ValueError(
+                f"the checkpoint's captions were written {trained!r}, this datamodule writes them "
+                f"{self.world.caption_order!r}: set data.init_args.caption_order to {trained!r}"
+            )
+        super().load_state_dict(state_dict)
+
     # -- texts and tokenizer ----------------------------------------------------------------------
     def texts(self, split: str) -> list[str]:
         if split not in self._captions:
