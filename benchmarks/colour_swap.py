@@ -68,9 +68,9 @@ def main() -> None:
         for task in tasks:
             # rows: (prompt documents, one a shape; the true shape; the swapped colour or None; held-out pair)
             rows: list[tuple[list, str, str | None, bool]] = []
+            order = data.world.caption_order
             for i, scene in enumerate(scenes):
                 medium = data.understanding_prompt(task, scene, i, split)
-                order = data.world.caption_order
                 for j, obj in enumerate(scene.objects):
                     pair_held = (obj.colour, obj.shape) in heldout
                     for colour in (None, *[c for c in COLOURS if c != obj.colour]):

@@ -244,8 +244,8 @@ def parse_caption(text: str) -> tuple[ShapeObject, ...] | None:
 
     Case and whitespace (around and between words) are ignored; nothing else is forgiven: an unknown
     word, a missing part, a trailing "and" or two objects in one cell give None. Objects may come in
-    any order; they are returned in reading order of their cells, like `Scene.objects`. Motion is
-    "still" where the caption names none.
+    any order, each with its place after or before its attributes (CAPTION_ORDERS); they are returned
+    in reading order of their cells, like `Scene.objects`. Motion is "still" where the caption names none.
     """
     if not isinstance(text, str):
         raise TypeError(f"parse_caption expects a str, got {type(text).__name__}")
