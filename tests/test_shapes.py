@@ -165,6 +165,23 @@ def test_objects_occupy_distinct_cells_and_their_count_is_within_bounds(low, hig
     assert set(counts) == set(range(low, high + 1))
 
 
+def test_train_object_weights_change_train_scene_counts_only():
+    weighted = ShapesWorld(seed=0, min_objects=1, max_objects=2, train_object_weights=(1, 3))
+    plain = ShapesWorld(seed=0, min_objects=1, max_objects=2)
+    for split in ("val", "test"):
+        assert weighted.scenes(split, 200) == plain.scenes(split, 200)
+    share = {w: sum(len(s.objects) == 2 for s in w.scenes("train", 4000)) / 4000 for w in (weighted, plain)}
+    assert share[weighted] == pytest.approx(0.75, abs=0.03) and share[plain] == pytest.approx(0.5, abs=0.03)
+    only_two = ShapesWorld(seed=0, max_objects=2, train_object_weights=[0, 1])
+    assert all(len(s.objects) == 2 for s in only_two.scenes("train", 100))
+
+
+@pytest.mark.parametrize("weights", [(1,), (1, 2, 3), (-1, 2), (0, 0)])
+def test_bad_train_object_weights_are_refused(weights):
+    with pytest.raises(ValueError, match="train_object_weights must be 2 weights"):
+        ShapesWorld(seed=0, min_objects=1, max_objects=2, train_object_weights=weights)
+
+
 def test_objects_are_stored_in_reading_order_of_their_cells():
     for scene in ShapesWorld(seed=0, min_objects=3, max_objects=6).scenes("train", 100):
         indices = [o.cell_index for o in scene.objects]

@@ -88,6 +88,8 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         world_seed: which world (held-out pairs and every scene follow from it).
         min_objects: fewest objects per scene.
         max_objects: most objects per scene.
+        train_object_weights: relative weights of the object counts min_objects..max_objects in training
+            scenes (None: equally likely, as in validation and test, which it never changes).
         train_size: training scenes per epoch.
         val_size: validation scenes (val split) and test scenes (test split, held-out pairs).
         tokenizer: a tokenizer JSON; None trains a BPE of `tokenizer_size` ids on training captions.
@@ -132,6 +134,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         world_seed: int = 0,
         min_objects: int = 1,
         max_objects: int = 2,
+        train_object_weights: list[float] | None = None,
         train_size: int = 8192,
         val_size: int = 256,
         tokenizer: str | None = None,
@@ -185,7 +188,10 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         self.audio_uncond_prob, self.colour_swap_prob = audio_uncond_prob, colour_swap_prob
         self.colour_swap_pairs = colour_swap_pairs
         self.image_size, self.video_frames = image_size, video_frames
-        world_args = {"seed": world_seed, "min_objects": min_objects, "max_objects": max_objects}
+        world_args = {
+            "seed": world_seed, "min_objects": min_objects, "max_objects": max_objects,
+            "train_object_weights": train_object_weights,
+        }  # fmt: skip
         self.world = ShapesWorld(**world_args, caption_order=caption_order)
         self.motion_world = ShapesWorld(**world_args, include_motion=True, caption_order=caption_order)
         # The captions task's training scenes: this world's, or a world that holds no pair out.

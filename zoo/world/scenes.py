@@ -373,6 +373,8 @@ class ShapesWorld:
         caption_order: where `caption` names each object's place (CAPTION_ORDERS): "attributes_first"
             ("a small red circle at the top left") or "place_first" ("at the top left a small red
             circle"). Scenes do not depend on it.
+        train_object_weights: relative weights of the object counts min_objects..max_objects in "train"
+            scenes (None: every count equally likely, as in "val" and "test", which it never changes).
     """
 
     def __init__(
@@ -383,6 +385,7 @@ class ShapesWorld:
         heldout_fraction: float = 0.15,
         include_motion: bool = False,
         caption_order: str = "attributes_first",
+        train_object_weights: Sequence[float] | None = None,
     ) -> None:
         _check_choice("caption_order", caption_order, CAPTION_ORDERS)
         self.caption_order = caption_order
@@ -391,6 +394,16 @@ class ShapesWorld:
         self.max_objects = _check_int("max_objects", max_objects, 1, MAX_OBJECTS)
         if min_objects > max_objects:
             raise ValueError(f"min_objects ({min_objects}) must not exceed max_objects ({max_objects})")
+        if train_object_weights is not None:
+            counts = max_objects - min_objects + 1
+            weights = tuple(float(w) for w in train_object_weights)
+            if len(weights) != counts or min(weights) < 0 or sum(weights) <= 0:
+                raise ValueError(
+                    f"train_object_weights must be {counts} weights >= 0 with a positive sum (one per object "
+                    f"count {min_objects}..{max_objects}), got {train_object_weights!r}"
+                )
+            train_object_weights = weights
+        self.train_object_weights = train_object_weights
         if not isinstance(heldout_fraction, int | float) or not 0.0 <= heldout_fraction <= 0.5:
             raise ValueError(f"heldout_fraction must be a number in [0, 0.5], got {heldout_fraction!r}")
         self.heldout_fraction = float(heldout_fraction)
@@ -418,7 +431,11 @@ class ShapesWorld:
         if split == "test" and not self._heldout_list:
             raise ValueError("the 'test' split needs held-out pairs, but heldout_fraction is 0")
         rng = random.Random(stable_seed("shapesworld", self.seed, split, index))
-        n = rng.randint(self.min_objects, self.max_objects)
+        if split == "train" and self.train_object_weights is not None:
+            counts = range(self.min_objects, self.max_objects + 1)
+            n = rng.choices(counts, weights=self.train_object_weights)[0]
+        else:
+            n = rng.randint(self.min_objects, self.max_objects)
         cells = rng.sample(range(MAX_OBJECTS), n)
         if split == "test":
             pairs = [rng.choice(self._heldout_list)] + [rng.choice(ALL_PAIRS) for _ in range(n - 1)]
