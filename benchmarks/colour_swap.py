@@ -39,6 +39,8 @@ def object_prefixes(
 ) -> list[tuple[str, str]]:
     """(caption words up to and including object j's colour, object j's shape) for each object j; with
     `colour`, that colour is written instead of object j's own; `order` is the world's caption order."""
+    if order == "shape_first":
+        raise ValueError("colour_swap reads a shape after its colour; a shape_first caption writes it before")
     words = caption(scene, order=order).split()
     out, start = [], 0
     for obj in scene.objects:

@@ -1,5 +1,5 @@
-"""ShapesMultimodalDataModule's `caption_order`: every task's captions name places first, about the same
-scenes; a checkpoint keeps the order, so a resume cannot mix orders and a benchmark prompts it as it was
+"""ShapesMultimodalDataModule's `caption_order`: every task's captions in the order asked (places first,
+or shapes before colours), about the same scenes; a checkpoint keeps the order, so a resume cannot mix orders and a benchmark prompts it as it was
 trained."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from zoo.task_names import Task
 from zoo.tasks.pretrain import UnifiedPretraining
 from zoo.tokenizers.visual import VisualTokenizer
 from zoo.tokenizers.vocab import UnifiedVocab
-from zoo.world.scenes import parse_caption
+from zoo.world.scenes import COLOURS, SHAPES, parse_caption
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # where it finds _common
 TASKS = dict(caption_weight=1.0, text_to_image_weight=1.0, image_to_text_weight=1.0, audio_to_text_weight=1.0)
@@ -32,8 +32,20 @@ def datamodule(order: str, vocab: UnifiedVocab = UnifiedVocab(), **kwargs) -> Sh
     return data
 
 
-def test_place_first_writes_every_task_s_captions_in_that_order_about_the_same_scenes():
-    first, default = datamodule("place_first", **TASKS), datamodule("attributes_first", **TASKS)
+def opens_with_a_place(words: list[str]) -> bool:
+    return words[0] in ("at", "in")
+
+
+def names_the_shape_before_the_colour(words: list[str]) -> bool:
+    return words[2] in SHAPES and words[3] in COLOURS
+
+
+@pytest.mark.parametrize(
+    ("order", "written_in_order"),
+    [("place_first", opens_with_a_place), ("shape_first", names_the_shape_before_the_colour)],
+)
+def test_an_order_writes_every_task_s_captions_in_that_order_about_the_same_scenes(order, written_in_order):
+    first, default = datamodule(order, **TASKS), datamodule("attributes_first", **TASKS)
     for task in (Task.CAPTION, Task.TEXT_TO_IMAGE, Task.IMAGE_TO_TEXT, Task.AUDIO_TO_TEXT):
         for index in range(20):
             texts = [
@@ -42,7 +54,7 @@ def test_place_first_writes_every_task_s_captions_in_that_order_about_the_same_s
             ]
             if not texts[0].strip():
                 continue  # a caption-less document (guidance's unconditional share)
-            assert texts[0].split()[0] in ("at", "in") and texts[1].split()[0] == "a", texts
+            assert written_in_order(texts[0].split()) and not written_in_order(texts[1].split()), texts
             assert parse_caption(texts[0]) == parse_caption(texts[1]) is not None
 
 

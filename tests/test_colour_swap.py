@@ -108,3 +108,5 @@ def test_the_benchmark_feeds_each_object_s_caption_up_to_its_colour_the_written_
     swapped = prefixes(scene, "cyan")
     assert [p.split()[-1] for p, _ in swapped] == ["cyan", "cyan"]
     assert swapped[1][0].split()[:-1] == second_prefix.split()[:-1]  # the first object keeps its own colour
+    with pytest.raises(ValueError, match="shape_first"):
+        prefixes(scene, order="shape_first")  # its shape comes before any colour that could be swapped

@@ -252,24 +252,47 @@ def test_place_first_names_each_place_before_the_same_attributes():
     assert sorted(caption(scene, order="place_first").split()) == sorted(caption(scene).split())
 
 
+def test_shape_first_names_each_shape_before_its_colour():
+    scene = make_scene(
+        obj("blue", "square", "large", "center"), obj("red", "circle", "small", "top left", "moving up")
+    )
+    assert caption(scene, order="shape_first") == (
+        "a small circle red at the top left and a large square blue in the center"
+    )
+    assert caption(scene, include_motion=True, order="shape_first") == (
+        "a small circle red at the top left moving up and a large square blue in the center"
+    )
+    assert sorted(caption(scene, order="shape_first").split()) == sorted(caption(scene).split())
+
+
+@pytest.mark.parametrize("order", ["place_first", "shape_first"])
 @pytest.mark.parametrize("include_motion", [False, True])
-def test_a_place_first_world_has_the_same_scenes_and_its_captions_parse_back(include_motion):
-    first = ShapesWorld(seed=0, max_objects=9, include_motion=include_motion, caption_order="place_first")
+def test_a_world_in_another_order_has_the_same_scenes_and_its_captions_parse_back(order, include_motion):
+    other = ShapesWorld(seed=0, max_objects=9, include_motion=include_motion, caption_order=order)
     default = ShapesWorld(seed=0, max_objects=9, include_motion=include_motion)
     for split in ("train", "test"):
-        for a, b in zip(first.scenes(split, 300), default.scenes(split, 300), strict=True):
+        for a, b in zip(other.scenes(split, 300), default.scenes(split, 300), strict=True):
             assert a == b
-            assert first.caption(a) != default.caption(a)
-            assert parse_caption(first.caption(a)) == a.objects
-            assert first.verify(first.caption(a), a).exact and first.verify(default.caption(a), a).exact
+            assert other.caption(a) != default.caption(a)
+            assert parse_caption(other.caption(a)) == a.objects
+            assert other.verify(other.caption(a), a).exact and other.verify(default.caption(a), a).exact
 
 
-def test_parser_reads_both_orders_in_one_caption():
-    text = "at the top left a small red circle moving down and a large blue square in the center"
+def test_parser_reads_every_order_in_one_caption():
+    text = (
+        "at the top left a small red circle moving down and a large blue square in the center"
+        " and a small cross green at the bottom"
+    )
     assert parse_caption(text) == (
         obj("red", "circle", "small", "top left", "moving down"),
         obj("blue", "square", "large", "center"),
+        obj("green", "cross", "small", "bottom"),
     )
+
+
+def test_parser_refuses_two_colours_or_two_shapes():
+    assert parse_caption("a small red green at the top left") is None
+    assert parse_caption("a small circle square at the top left") is None
 
 
 def test_parser_ignores_case_and_whitespace():
@@ -446,7 +469,7 @@ def test_description_shows_the_world_is_too_large_to_memorise():
         ({"min_objects": 3, "max_objects": 2}, "must not exceed"),
         ({"heldout_fraction": 0.9}, "heldout_fraction must be"),
         ({"seed": -1}, "seed must be"),
-        ({"caption_order": "shape_first"}, "caption_order must be one of"),
+        ({"caption_order": "backwards"}, "caption_order must be one of"),
     ],
 )
 def test_bad_world_arguments_are_rejected_with_a_clear_message(kwargs, message):

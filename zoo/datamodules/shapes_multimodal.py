@@ -74,11 +74,13 @@ class ShapesMultimodalDataModule(DocumentDataModule):
             pairs are named in text, which asks whether what text says transfers to reading images.
             Measured on three seeds: held-out image and speech captions come within 0.05 of val, val's image
             attributes falling from 0.84 to 0.77 (docs/results.md, "Text that names every pair").
-        caption_order: where every caption names an object's place (`zoo.world.scenes.CAPTION_ORDERS`):
-            after its attributes ("a small red circle at the top left", the default) or before them ("at the
-            top left a small red circle"), which has the model choose the place it reads next before
-            writing what it sees there. Measured on two seeds: binding in two-object scenes moves with the
-            seed, not the order, and caption to speech loses (docs/results.md, "Place before attributes").
+        caption_order: how every caption orders an object's words (`zoo.world.scenes.CAPTION_ORDERS`):
+            its place after its attributes ("a small red circle at the top left", the default) or before
+            them ("at the top left a small red circle"), which has the model choose the place it reads next
+            before writing what it sees there. Measured on two seeds: binding in two-object scenes moves
+            with the seed, not the order, and caption to speech loses (docs/results.md, "Place before
+            attributes"). Or "shape_first" ("a small circle red at the top left"): the shape is written
+            from the image before a colour can veto it (docs/results.md, "The shape before the colour").
         image_context: image-to-text reads the image through the vision encoder (context group)
             instead of the visual tokenizer's codes.
         video_context: video-to-text reads the clip's frames through the vision encoder (one context group
@@ -128,7 +130,7 @@ class ShapesMultimodalDataModule(DocumentDataModule):
         colour_swap_prob: float = 0.0,
         colour_swap_pairs: Literal["trained", "any"] = "trained",
         caption_pairs: Literal["trained", "all"] = "trained",
-        caption_order: Literal["attributes_first", "place_first"] = "attributes_first",
+        caption_order: Literal["attributes_first", "place_first", "shape_first"] = "attributes_first",
         image_size: int = 32,
         video_frames: int = 5,
         world_seed: int = 0,

@@ -41,9 +41,11 @@ CELLS: tuple[str, ...] = (
 MOTIONS: tuple[str, ...] = ("still", "moving left", "moving right", "moving up", "moving down")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 ALL_PAIRS: tuple[tuple[str, str], ...] = tuple((c, s) for c in COLOURS for s in SHAPES)
-# Where an object's phrase puts its place: after its attributes ("a small red circle at the top left") or
-# before them ("at the top left a small red circle"). The parser reads both.
-CAPTION_ORDERS: tuple[str, ...] = ("attributes_first", "place_first")
+# How an object's phrase is ordered: its place after its attributes ("a small red circle at the top left"),
+# before them ("at the top left a small red circle"), or after attributes that name the shape before the
+# colour ("a small circle red at the top left": the shape is written before a colour can veto it, see
+# docs/results.md). The parser reads all three.
+CAPTION_ORDERS: tuple[str, ...] = ("attributes_first", "place_first", "shape_first")
 MAX_OBJECTS = GRID_SIZE * GRID_SIZE
 
 
@@ -169,12 +171,14 @@ def caption(scene: Scene, include_motion: bool = False, order: str = "attributes
     function of the scene: objects are listed in reading order of their cells. With `include_motion` a
     moving object's phrase ends with its motion ("... at the left moving up"); still objects say nothing
     about motion either way. `order="place_first"` names each object's place before its attributes ("at
-    the top left a small red circle and in the center a large blue square"), the same words.
+    the top left a small red circle and in the center a large blue square"), `order="shape_first"` the
+    shape before the colour ("a small circle red at the top left and ..."), the same words.
     """
     _check_choice("order", order, CAPTION_ORDERS)
     phrases = []
     for o in scene.objects:
-        attributes, place = ["a", o.size, o.colour, o.shape], list(_location_words(o.cell))
+        colour_shape = [o.shape, o.colour] if order == "shape_first" else [o.colour, o.shape]
+        attributes, place = ["a", o.size, *colour_shape], list(_location_words(o.cell))
         words = place + attributes if order == "place_first" else attributes + place
         if include_motion and o.motion != "still":
             words += o.motion.split()
@@ -205,6 +209,8 @@ def _parse_attributes(words: list[str], pos: int) -> tuple[tuple[str, str, str],
     if len(words) < pos + 4 or words[pos] != "a":
         return None
     size, colour, shape = words[pos + 1 : pos + 4]
+    if colour in SHAPES and shape in COLOURS:  # the shape_first order: "a small circle red"
+        colour, shape = shape, colour
     if size not in SIZES or colour not in COLOURS or shape not in SHAPES:
         return None
     return (size, colour, shape), pos + 4
@@ -244,7 +250,8 @@ def parse_caption(text: str) -> tuple[ShapeObject, ...] | None:
 
     Case and whitespace (around and between words) are ignored; nothing else is forgiven: an unknown
     word, a missing part, a trailing "and" or two objects in one cell give None. Objects may come in
-    any order, each with its place after or before its attributes (CAPTION_ORDERS); they are returned
+    any order, each with its place after or before its attributes and its shape after or before its colour
+    (CAPTION_ORDERS); they are returned
     in reading order of their cells, like `Scene.objects`. Motion is "still" where the caption names none.
     """
     if not isinstance(text, str):
@@ -370,9 +377,9 @@ class ShapesWorld:
             any positive fraction holds out at least one pair. 0 leaves the "test" split empty.
         include_motion: draw a motion per object and caption it (video); otherwise all objects are
             still. The other attributes of a scene are the same either way.
-        caption_order: where `caption` names each object's place (CAPTION_ORDERS): "attributes_first"
-            ("a small red circle at the top left") or "place_first" ("at the top left a small red
-            circle"). Scenes do not depend on it.
+        caption_order: how `caption` orders each object's words (CAPTION_ORDERS): "attributes_first"
+            ("a small red circle at the top left"), "place_first" ("at the top left a small red
+            circle") or "shape_first" ("a small circle red at the top left"). Scenes do not depend on it.
         train_object_weights: relative weights of the object counts min_objects..max_objects in "train"
             scenes (None: every count equally likely, as in "val" and "test", which it never changes).
     """
