@@ -1,6 +1,6 @@
 """ShapesMultimodalDataModule's `caption_order`: every task's captions in the order asked (places first,
-or shapes before colours), about the same scenes; a checkpoint keeps the order, so a resume cannot mix orders and a benchmark prompts it as it was
-trained."""
+or shapes before colours), about the same scenes; a checkpoint keeps the order, so a resume cannot mix
+orders and a benchmark prompts it as it was trained."""
 
 from __future__ import annotations
 
