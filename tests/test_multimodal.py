@@ -170,11 +170,13 @@ def test_a_context_video_is_one_group_a_frame_each_frame_encoded_as_its_own_stil
 
 def test_context_tokens_enter_at_unit_scale_and_a_frozen_encoder_stays_as_loaded(builder):
     torch.manual_seed(0)
-    backbone = UnifiedTransformer(dim=48, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=16,
-                                  top_k=1, max_seq_len=512)
+    backbone = UnifiedTransformer(
+        dim=48, n_layers=1, n_heads=2, n_kv_heads=1, n_experts=2, expert_hidden=16, top_k=1, max_seq_len=512
+    )
     vocab = UnifiedVocab(text_size=64, visual_size=512, audio_size=256, audio_levels=4)
-    frozen = UnifiedModel(backbone, vocab, mtp_depth=0, vision_encoder=DualPathEncoder(out_dim=48),
-                          freeze_vision_encoder=True).train()
+    frozen = UnifiedModel(
+        backbone, vocab, mtp_depth=0, vision_encoder=DualPathEncoder(out_dim=48), freeze_vision_encoder=True
+    ).train()
     assert not frozen.vision_encoder.training and frozen.backbone.training
     batch = builder.collate([[text(frozen), ContextSegment(image()), text(frozen, 3, bos=False)]])
     context = frozen.encode_media(batch).context
@@ -221,6 +223,30 @@ def test_every_modality_trains_through_one_backbone_and_the_tokenizers_stay_froz
         assert model.nfsp.proj.weight.grad.abs().sum() > 0
         assert model.ncp.input_embed.weight.grad.abs().sum() > 0
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.vision_encoder.parameters())
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+
+
+def test_a_bf16_autocast_step_trains_on_the_codes_the_tokenizers_give_in_full_precision(model, builder):
+    """`precision: bf16-mixed` puts the training step under autocast; the frozen tokenizers must still run in
+    fp32, or bf16 features pick other nearest codes (and the quantizer's phi mixes dtypes)."""
+    vocab = model.vocab
+    docs = [
+        [text(model, 1, 2), VisualSegment(image(3)), TextSegment([vocab.eos_id])],
+        [text(model, 4), AudioSegment(torch.randn(2 * HOP) * 0.1), TextSegment([vocab.eos_id])],
+    ]
+    batch = builder.collate(docs)
+    full = model.encode_media(batch)
+    model.train()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = model.encode_media(batch)
+            out = model(batch)
+        assert torch.equal(mixed.visual.tokens, full.visual.tokens) and torch.equal(mixed.audio, full.audio)
+        assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+        out.loss.backward()
+        assert model.nfsp.proj.weight.grad.abs().sum() > 0
     finally:
         model.zero_grad(set_to_none=True)
         model.eval()

@@ -123,6 +123,23 @@ def test_decoding_all_scales_equals_the_training_forward_reconstruction_in_eval_
     torch.testing.assert_close(tok.decode(codes), rec)
 
 
+def test_under_bf16_autocast_the_tokenizer_trains_and_gives_its_float32_codes():
+    """`precision: bf16-mixed`: quantisation stays in float32 (`zoo.tokenizers.precision`)."""
+    tok = initialised(tokenizer(), shapes_images(16)).train()
+    images = shapes_images(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        recon, _, vq_loss = tok(images)
+    assert vq_loss.dtype == torch.float32 and torch.isfinite(vq_loss)
+    (F.mse_loss(recon.float(), images) + vq_loss).backward()
+    assert tok.encoder[0].weight.grad.abs().sum() > 0
+    tok.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = tok.encode(images)
+        pixels = tok.decode(mixed)
+    assert all(torch.equal(a, b) for a, b in zip(mixed, tok.encode(images), strict=True))
+    assert pixels.dtype == torch.float32 and torch.equal(pixels, tok.decode(mixed))
+
+
 def test_bad_pixels_are_refused_with_what_was_expected():
     tok = tokenizer()
     with pytest.raises(ValueError, match=r"\[B, 3, 16, 16\]"):

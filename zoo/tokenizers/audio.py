@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from vector_quantize_pytorch import ResidualVQ
 
 from zoo.publishing.component import PretrainedComponent
+from zoo.tokenizers.precision import full_precision
 from zoo.weights import load_weights_file
 
 
@@ -434,6 +435,7 @@ class AudioCodec(PretrainedComponent, nn.Module):
         finally:
             self.quantizer.train(was_training)
 
+    @full_precision
     def encode(self, wave: Tensor) -> Tensor:
         """Codes `[B, ceil(N / hop), Q]` (long) of waveforms `[B, N]`; no EMA updates, dead-code expiry or
         quantiser dropout, whatever the mode (an untrained codec with `kmeans_init` still initialises its
@@ -454,6 +456,7 @@ class AudioCodec(PretrainedComponent, nn.Module):
             vectors.append(vector.masked_fill((index < 0).unsqueeze(-1), 0.0))
         return torch.stack(vectors, dim=2)
 
+    @full_precision
     def decode(self, codes: Tensor) -> Tensor:
         """Waveforms `[B, F * hop]` from codes `[B, F, q]` of the first q <= Q levels."""
         quantized = self.quantizer.project_out(self.level_vectors(codes).sum(2))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.publishing.component import PretrainedComponent
+from zoo.tokenizers.precision import full_precision
 from zoo.tokenizers.visual_quantizer import MultiScaleQuantizer, QuantizerOutput
 from zoo.weights import load_weights_file
 
@@ -279,6 +280,7 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
         """[B, D, T', h, w] -> [B*T', D, h, w]; 2D latents are left as they are (T' = 1)."""
         return f.transpose(1, 2).flatten(0, 1) if f.dim() == 5 else f
 
+    @full_precision
     def quantize(self, f: Tensor) -> tuple[Tensor, list[Tensor], Tensor]:
         """(f_hat with straight-through gradient, codes per scale [B, T', s, s], VQ loss) of latents."""
         b = f.shape[0]
@@ -300,6 +302,7 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
     # --- the public token interface -----------------------------------------------------------------
 
     @torch.no_grad()
+    @full_precision
     def encode(self, pixels: Tensor) -> list[Tensor]:
         """Codes per scale, long [B, T', s, s] (T' = 1 for an image, 1 + (T-1)/stride for a video)."""
         return self.quantize(self.encode_latent(pixels))[1]
@@ -318,6 +321,7 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
             raise ValueError(f"every scale must have the same [B, T'], got {[list(c.shape) for c in codes]}")
         return b, t
 
+    @full_precision
     def features(self, codes: list[Tensor]) -> Tensor:
         """f_hat from a prefix of scales: [B, D, h, w] (2D) or [B, D, T', h, w] (3D)."""
         b, _ = self._check_codes(codes)
@@ -325,11 +329,13 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
         return self._unfold(f_hat, b)
 
     @torch.no_grad()
+    @full_precision
     def decode(self, codes: list[Tensor]) -> Tensor:
         """Pixels from the codes of any prefix of the scales: [B, 3, H, W] (2D) or [B, 3, T, H, W] (3D)."""
         return self.decode_latent(self.features(codes))
 
     @torch.no_grad()
+    @full_precision
     def scale_inputs(self, codes: list[Tensor]) -> list[Tensor]:
         """VAR teacher forcing for the codes of scales 0..m-1: m tensors [B, T', s_k, s_k, latent_dim], entry
         k the accumulated quantised features of scales < k resized to s_k (entry 0 zeros)."""
@@ -337,6 +343,7 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
         inputs = self.quantizer.scale_inputs([c.flatten(0, 1) for c in codes])
         return [x.unflatten(0, (b, -1)) for x in inputs]
 
+    @full_precision
     def scale_readings(self, codes: list[Tensor]) -> list[Tensor]:
         """The inputs of an image or video the model reads but does not predict (understanding): entry k the
         accumulated quantised features of scales <= k resized to s_k, shaped as `scale_inputs`."""
@@ -345,6 +352,7 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
         return [x.unflatten(0, (b, -1)) for x in readings]
 
     @torch.no_grad()
+    @full_precision
     def next_scale_input(self, codes: list[Tensor]) -> Tensor:
         """For generation scale by scale: the input of scale m given the codes of scales 0..m-1 (m < K),
         [B, T', s_m, s_m, latent_dim]; the same as entry m of `scale_inputs` of a longer prefix."""
@@ -395,4 +403,3 @@ class VisualTokenizer(PretrainedComponent, nn.Module):
             temporal_kernel=temporal_kernel,
         )
         return model.inflate(tokenizer_2d)
-
